@@ -1,0 +1,137 @@
+"""The ggpo update: group-relative advantages and the clipped, KL-regularised token loss.
+
+ggpo (group-relative policy optimisation), as this project defines it:
+
+1. For each prompt, a group of G rollouts is sampled from a *behaviour* copy of the policy
+   (re-synced from the policy after every update); a verifier gives each rollout a reward.
+2. A group whose rewards are all equal carries no signal and is dropped (it is counted as
+   rejected); the others are retained.
+3. Each retained rollout gets advantage A = (r - mean_group(r)) / (std_group(r) + eps), with the
+   population std of its group. A is applied to the policy's own generated tokens only: the loss
+   mask excludes prompt, tool output, retrieved text and padding.
+4. Per generated token t: ratio_t = exp(logp_t - logp_behaviour_t); the loss is the token-level
+   mean of  -min(ratio_t A, clip(ratio_t, 1-eps_clip, 1+eps_clip) A) + beta * KL_t,  where KL_t is
+   the non-negative k3 estimator of KL(policy || reference) and the reference model is refreshed
+   from the policy every K updates.
+
+This module is pure torch and is the one implementation used by both the training job
+(`ggpo_batch.train`) and the nightly CPU components (`ggpo_batch.components`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class GgpoConfig:
+    """Hyperparameters of the ggpo update."""
+
+    group_size: int = 8
+    clip_epsilon: float = 0.2
+    kl_coef: float = 0.02
+    reference_refresh_steps: int = 1
+    advantage_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        if self.group_size < 2:
+            raise ValueError("group_size must be >= 2: a group of one has no relative signal")
+        if not 0 < self.clip_epsilon < 1:
+            raise ValueError("clip_epsilon must be in (0, 1)")
+        if self.kl_coef < 0:
+            raise ValueError("kl_coef must be >= 0")
+        if self.reference_refresh_steps < 1:
+            raise ValueError("reference_refresh_steps must be >= 1")
+
+
+@dataclass(frozen=True)
+class GroupAdvantages:
+    """Advantages of a batch of groups, and which groups were kept."""
+
+    advantages: torch.Tensor  # [groups, G], zero in dropped groups
+    retained: torch.Tensor  # [groups] bool
+    raw_gap: float  # mean (max - min) reward over retained groups; 0.0 when none
+
+    @property
+    def retained_groups(self) -> int:
+        return int(self.retained.sum().item())
+
+    @property
+    def rejected_groups(self) -> int:
+        return int((~self.retained).sum().item())
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> GroupAdvantages:
+    """Group-relative advantages of `rewards` shaped [groups, G]; all-equal groups are dropped."""
+    if rewards.dim() != 2 or rewards.shape[1] < 2:
+        raise ValueError(f"rewards must be [groups, G>=2], got {tuple(rewards.shape)}")
+    rewards = rewards.to(torch.float32)
+    gap = rewards.max(dim=1).values - rewards.min(dim=1).values
+    retained = gap > 0
+    mean = rewards.mean(dim=1, keepdim=True)
+    std = rewards.std(dim=1, unbiased=False, keepdim=True)
+    adv = (rewards - mean) / (std + eps)
+    adv = torch.where(retained[:, None], adv, torch.zeros_like(adv))
+    raw_gap = float(gap[retained].mean().item()) if bool(retained.any()) else 0.0
+    return GroupAdvantages(advantages=adv, retained=retained, raw_gap=raw_gap)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each target token: logits [B, T, V] (predicting targets [B, T]) -> [B, T]."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """What one loss evaluation saw; floats, detached."""
+
+    policy_loss: float
+    kl: float
+    clip_fraction: float
+    loss_tokens: int
+    nonzero_advantage_tokens: int
+
+
+def ggpo_loss(
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    reference_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    config: GgpoConfig,
+) -> tuple[torch.Tensor, LossStats]:
+    """The ggpo loss over a batch of sequences.
+
+    logprobs, behaviour_logprobs, reference_logprobs, loss_mask: [B, T] over the same target tokens;
+    advantages: [B] (one per rollout). loss_mask is True only on the policy's own generated tokens.
+    Returns the scalar loss (a token-level mean over the mask) and detached statistics.
+    """
+    if not (logprobs.shape == behaviour_logprobs.shape == reference_logprobs.shape == loss_mask.shape):
+        raise ValueError("logprobs, behaviour_logprobs, reference_logprobs and loss_mask must share a shape")
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
+    mask = loss_mask.to(logprobs.dtype)
+    adv = advantages.to(logprobs.dtype)[:, None]
+    ratio = torch.exp(logprobs - behaviour_logprobs.detach())
+    clipped = torch.clamp(ratio, 1.0 - config.clip_epsilon, 1.0 + config.clip_epsilon)
+    policy_term = -torch.minimum(ratio * adv, clipped * adv)
+    log_ref_ratio = reference_logprobs.detach() - logprobs
+    kl_term = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0
+    per_token = policy_term + config.kl_coef * kl_term
+    tokens = mask.sum()
+    denom = tokens.clamp(min=1.0)
+    loss = (per_token * mask).sum() / denom
+    with torch.no_grad():
+        clip_hit = ((ratio - clipped).abs() > 0).to(mask.dtype)
+        nonzero_adv_tokens = int(((adv != 0).to(mask.dtype) * mask).sum().item())
+        stats = LossStats(
+            policy_loss=float(((policy_term * mask).sum() / denom).item()),
+            kl=float(((kl_term * mask).sum() / denom).item()),
+            clip_fraction=float(((clip_hit * mask).sum() / denom).item()),
+            loss_tokens=int(tokens.item()),
+            nonzero_advantage_tokens=nonzero_adv_tokens,
+        )
+    return loss, stats
