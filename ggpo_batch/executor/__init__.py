@@ -1,0 +1,1 @@
+"""Executors: where a run's allocation comes from (slurm, local, debug), behind one interface."""

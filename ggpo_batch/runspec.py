@@ -1,0 +1,85 @@
+"""The run spec: the versioned, plain-JSON description of one arm x seed run.
+
+This is what goes on the queue and what the training job receives: data, never a pickled
+object, so a worker of the next release can still read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from .errors import GgpoError
+
+RUN_SPEC_VERSION = 1
+
+EXPOSURES = ("none", "paired", "random")
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One experiment arm: how held-out evaluation items are exposed during training.
+
+    exposure "none": no exposure (the `clean` arm). "paired": `exposed_items` held-out items, each
+    shown through every template, the copies forming shared groups. "random": the same number of
+    exposures drawn at random, unpaired. `auxiliary_answer_loss` adds a supervised loss on verified
+    gold answers (the `*_answer` arms).
+    """
+
+    name: str
+    exposure: str = "none"
+    exposed_items: int = 0
+    templates: tuple[str, ...] = ()
+    auxiliary_answer_loss: bool = False
+
+    @property
+    def target_exposed(self) -> int:
+        return self.exposed_items * len(self.templates) if self.exposure != "none" else 0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything one run needs, independent of where it runs."""
+
+    run_key: str
+    experiment: str
+    experiment_version: int
+    method: str
+    arm: ArmSpec
+    seed: int
+    gpus: int
+    loop_budget_seconds: float
+    executor: str
+    profile: str
+    retries: int = 0
+    train: Mapping[str, Any] = field(default_factory=dict)
+    version: int = RUN_SPEC_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+
+    @property
+    def config_hash(self) -> str:
+        """sha256 of what determines the run's result (not where or how often it runs)."""
+        d = asdict(self)
+        for k in ("executor", "profile", "retries", "run_key", "experiment_version"):
+            d.pop(k)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "RunSpec":
+        d = json.loads(text)
+        return cls.from_dict(d)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "RunSpec":
+        version = d.get("version")
+        if version != RUN_SPEC_VERSION:
+            raise GgpoError(f"run spec version {version!r} is not supported (this release reads {RUN_SPEC_VERSION})")
+        d = dict(d)
+        arm = dict(d.pop("arm"))
+        arm["templates"] = tuple(arm.get("templates", ()))
+        return cls(arm=ArmSpec(**arm), **d)
