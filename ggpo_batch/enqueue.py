@@ -38,13 +38,7 @@ class EnqueueResult:
 
 def _new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
     return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
-                  run_spec=_as_dict(r), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
-
-
-def _as_dict(r: RunSpec) -> dict:
-    import json
-
-    return json.loads(r.to_json())
+                  run_spec=r.to_dict(), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
 
 
 def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, arms: Sequence[str] | None = None,
@@ -64,9 +58,9 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
     same = latest is not None and latest.spec_hash == spec.spec_hash
     version = latest.version if same else (latest.version + 1 if latest else 1)
     runs = spec.expand(version, arms=arms, seeds=seeds)
-    existing = {r.run_key: r for r in ledger.runs(experiment_id=latest.id)} if same and latest else {}
+    existing = ledger.run_states(latest.id) if same and latest else {}
     todo = [r for r in runs if r.run_key not in existing]
-    decided = [r for r in runs if r.run_key in existing and existing[r.run_key].state == "not_reproduced"]
+    decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
     est = costguard.estimate(ledger, spec, todo + decided)
     cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
     res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
