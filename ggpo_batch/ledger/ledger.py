@@ -6,13 +6,16 @@ and appends an `events` row (who, when, from, to, why) in that same transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from sqlalchemy import Engine, func, insert, select
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from ..errors import LedgerError
@@ -29,6 +32,7 @@ from .schema import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Allowed run transitions. Leaving a final state (back to queued) always needs a reason:
 # a manual retry, an accepted cost, or an infrastructure retry the spec allows.
@@ -68,12 +72,45 @@ class QuotaExceeded(LedgerError):
         self.queue, self.used, self.gpus, self.limit = queue, used, gpus, limit
 
 
-class Ledger:
-    """The ledger on one database. Cheap to create; holds only an engine."""
+def _retrying(method: Callable[..., T]) -> Callable[..., T]:
+    """Re-run a whole ledger call while the database is unreachable (PostgreSQL restarting, SQLite
+    locked), with exponential backoff up to the ledger's `retry_seconds`; each call is one
+    transaction, so a retry repeats it from the start and never half-applies it."""
 
-    def __init__(self, engine: Engine) -> None:
+    @functools.wraps(method)
+    def wrapper(self: "Ledger", *args: Any, **kwargs: Any) -> T:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.25
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                first = str(exc.orig).splitlines()[0] if getattr(exc, "orig", None) else type(exc).__name__
+                log.warning("ledger unavailable (%s); retrying %s in %.1f s", first, method.__name__, min(delay, left))
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 5.0)
+
+    return wrapper
+
+
+class Ledger:
+    """The ledger on one database. Cheap to create; holds only an engine.
+
+    Every public method is one transaction and is retried while the database is unreachable,
+    for at most `retry_seconds` (default 120: a PostgreSQL restart does not lose a transition).
+    """
+
+    def __init__(self, engine: Engine, *, retry_seconds: float = 120.0) -> None:
         self.engine = engine
+        self.retry_seconds = retry_seconds
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # pragma: no cover - no subclasses today
+        super().__init_subclass__(**kwargs)
+        _wrap_public(cls)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -501,3 +538,12 @@ class Ledger:
             if component_run_id is not None:
                 q = q.where(Artifact.component_run_id == component_run_id)
             return list(s.scalars(q))
+
+
+def _wrap_public(cls: type) -> None:
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("_") and name != "session" and not isinstance(value, staticmethod):
+            setattr(cls, name, _retrying(value))
+
+
+_wrap_public(Ledger)
