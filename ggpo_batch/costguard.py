@@ -144,10 +144,10 @@ def _basis(spec: ExperimentSpec, runs: Sequence[RunEstimate], hist: dict[int, Hi
             src = (f"spec overheads setup/export {o.setup_export_seconds:.0f} + audit {o.audit_seconds:.0f} "
                    f"+ evaluation {o.evaluation_seconds:.0f} s")
         parts.append(f"{len(mine)} runs x {g} GPUs x ({e.loop_seconds:.0f} s loop + {e.overhead_seconds:.0f} s "
-                     f"overhead) / 3600 [{src}]")
+                     f"overhead) / 3600, from {src}")
     if not parts:
         return "no runs"
-    return "; ".join(parts) + f" = {total:.2f} GPU-h"
+    return f"{total:.2f} GPU-h = " + "; ".join(parts)
 
 
 def check_caps(ledger: Ledger, spec: ExperimentSpec, est: Estimate, *, settings: Settings, user: str,

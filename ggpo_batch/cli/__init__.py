@@ -105,3 +105,4 @@ def main() -> None:
 
 
 from . import ledger_cmds  # noqa: E402,F401  (registers commands)
+from . import report_cmds  # noqa: E402,F401  (registers commands)

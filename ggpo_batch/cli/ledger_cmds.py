@@ -6,7 +6,7 @@ import click
 
 from ..config import redact
 from . import App, cli, echo_json, pass_app
-from .tables import print_status
+from .tables import print_decided, print_status
 
 
 @cli.group()
@@ -97,13 +97,17 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool) -> None:
     """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
     from ..ledger.schema import RUN_STATES
-    from ..status import experiment_status
+    from ..status import decided_experiments, experiment_status
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
     data = experiment_status(app.ledger(), experiment=experiment, states=states or None)
+    wants_decided = not states or "not_reproduced" in states
+    decided = decided_experiments(app.ledger(), experiment=experiment) if wants_decided else []
     if as_json:
-        echo_json({"experiments": data})
+        echo_json({"experiments": data, "decided": decided})
     else:
-        print_status(data)
+        if data or not decided:
+            print_status(data)
+        print_decided(decided)
