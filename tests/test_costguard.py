@@ -57,7 +57,7 @@ def test_without_history_the_spec_overheads_are_used(ledger) -> None:  # type: i
     assert one.loop_seconds == 2700.0 and one.overhead_seconds == 640 + 25 + 60
     assert one.gpu_hours == pytest.approx(4 * (2700 + 725) / 3600, rel=1e-12)
     assert est.total_gpu_hours == pytest.approx(15 * one.gpu_hours, rel=1e-12)
-    assert "spec" in est.cost_type and "640" in est.cost_basis and "57.08 GPU-h" in est.cost_basis
+    assert "spec" in est.cost_type and "640" in est.cost_basis and est.cost_basis.startswith("57.08 GPU-h = 15 runs x 4 GPUs")
 
 
 def test_seed_history_gives_the_seeds_own_cost(ledger) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +77,7 @@ def test_seed_history_gives_the_seeds_own_cost(ledger) -> None:  # type: ignore[
     assert est.runs[0].gpu_hours == pytest.approx(3.8, abs=0.05)
     spent = sum(r["timing"]["allocated_gpu_hours_through_evaluation"] for r in recs)
     assert est.total_gpu_hours == pytest.approx(spent, rel=0.02)
-    assert "history" in est.cost_type and "15 succeeded ggpo attempts" in est.cost_basis
+    assert "history" in est.cost_type and "15 succeeded ggpo attempts" in est.cost_basis and est.cost_basis.startswith("56.8")
 
 
 def test_history_matches_method_profile_and_gpus(ledger) -> None:  # type: ignore[no-untyped-def]
