@@ -11,6 +11,7 @@ loop is the budget exactly.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import statistics
@@ -194,20 +195,20 @@ def _same_experiment(ledger: Ledger, spec: ExperimentSpec) -> Experiment | None:
 
 
 def record_not_reproduced(ledger: Ledger, spec: ExperimentSpec, est: Estimate, check: CapCheck, *, actor: str,
-                          runs: Sequence[RunSpec] | None = None) -> Decision:
+                          runs: Sequence[RunSpec] | None = None, queue: str | None = None) -> Decision:
     """The automatic decision not to run `spec` because of its cost (review_done False, no automatic retry).
 
     With `runs`, and no experiment of the same spec in the ledger yet, the experiment is created
     with those runs in `not_reproduced` (in the same transaction), so `status` lists them as decided;
-    an existing experiment of the same spec has its queued runs moved there instead.
+    an existing experiment of the same spec has its queued runs moved there instead. `queue` is
+    the queue the experiment is booked on if it is accepted later (default: the spec's).
     """
-    fields: dict[str, Any] = dict(
-        estimated_gpu_hours=est.total_gpu_hours, cap_gpu_hours=check.cap_gpu_hours, cost_basis=est.cost_basis,
-        cost_type=est.cost_type, available_budget=_available(check), review_done=False, automatic_retry=False,
-        resolution=(f"not reproduced: high cost ({check.cap_name or 'no'} cap); nothing queued, no GPU spent; "
-                    "override with `enqueue --accept-cost --reason TEXT`"),
-        reason=check.message,
-    )
+    fields: dict[str, Any] = {
+        **_cost_fields(est, check), "review_done": False, "automatic_retry": False,
+        "resolution": (f"not reproduced: high cost ({check.cap_name or 'no'} cap); nothing queued, no GPU spent; "
+                       "override with `enqueue --accept-cost --reason TEXT`"),
+        "reason": check.message,
+    }
     existing = _same_experiment(ledger, spec)
     per_run = {e.run_key: e.gpu_hours for e in est.runs}
     if existing is not None or not runs:
@@ -215,9 +216,9 @@ def record_not_reproduced(ledger: Ledger, spec: ExperimentSpec, est: Estimate, c
                                      experiment_id=existing.id if existing else None,
                                      run_state="not_reproduced" if existing else None)
         return d
-    new_exp = dict(name=spec.name, version=runs[0].experiment_version, method=spec.method, source="spec",
-                   spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, source_path=spec.path,
-                   queue=spec.queue, max_gpu_hours=spec.max_gpu_hours)
+    new_exp = {"name": spec.name, "version": runs[0].experiment_version, "method": spec.method, "source": "spec",
+               "spec_hash": spec.spec_hash, "spec": spec.canonical(), "gpus": spec.gpus, "source_path": spec.path,
+               "queue": queue or spec.queue, "max_gpu_hours": spec.max_gpu_hours}
     new_runs = [NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
                        run_spec=_plain(r), retries_allowed=r.retries, estimated_gpu_hours=per_run.get(r.run_key))
                 for r in runs]
@@ -227,9 +228,12 @@ def record_not_reproduced(ledger: Ledger, spec: ExperimentSpec, est: Estimate, c
 
 
 def _plain(r: RunSpec) -> dict[str, Any]:
-    import json
-
     return json.loads(r.to_json())
+
+
+def _cost_fields(est: Estimate, check: CapCheck) -> dict[str, Any]:
+    return {"estimated_gpu_hours": est.total_gpu_hours, "cap_gpu_hours": check.cap_gpu_hours,
+            "cost_basis": est.cost_basis, "cost_type": est.cost_type, "available_budget": _available(check)}
 
 
 def record_cost_accepted(ledger: Ledger, spec: ExperimentSpec, est: Estimate, check: CapCheck, *, actor: str,
@@ -238,11 +242,10 @@ def record_cost_accepted(ledger: Ledger, spec: ExperimentSpec, est: Estimate, ch
     decided not_reproduced go back to queued in the same transaction (the caller then enqueues them)."""
     if not reason or not reason.strip():
         raise LedgerError(f"{spec.path}: accepting a cost over a cap needs --reason TEXT")
-    fields: dict[str, Any] = dict(
-        estimated_gpu_hours=est.total_gpu_hours, cap_gpu_hours=check.cap_gpu_hours, cost_basis=est.cost_basis,
-        cost_type=est.cost_type, available_budget=_available(check), review_done=True, automatic_retry=False,
-        resolution=f"cost accepted by {actor} ({check.message}): {reason.strip()}", reason=reason.strip(),
-    )
+    fields: dict[str, Any] = {
+        **_cost_fields(est, check), "review_done": True, "automatic_retry": False,
+        "resolution": f"cost accepted by {actor} ({check.message}): {reason.strip()}", "reason": reason.strip(),
+    }
     existing = _same_experiment(ledger, spec)
     d, _ = ledger.apply_decision(experiment_name=spec.name, kind=KIND_COST_ACCEPTED, actor=actor, fields=fields,
                                  experiment_id=existing.id if existing else None,
@@ -269,12 +272,13 @@ def decide_not_reproduced(ledger: Ledger, experiment: str, *, actor: str, reason
     if not cost_basis.strip():
         raise LedgerError(f"decide {experiment}: --cost-basis must not be empty")
     exp = ledger.latest_experiment(experiment)
-    fields: dict[str, Any] = dict(
-        estimated_gpu_hours=estimated_gpu_hours, cap_gpu_hours=None, cost_basis=cost_basis.strip(),
-        cost_type=cost_type or MANUAL_COST_TYPE, available_budget=available_budget, review_done=True,
-        automatic_retry=False, resolution=resolution or f"not reproduced: high cost (review done): {reason.strip()}",
-        reason=reason.strip(),
-    )
+    fields: dict[str, Any] = {
+        "estimated_gpu_hours": estimated_gpu_hours, "cap_gpu_hours": None, "cost_basis": cost_basis.strip(),
+        "cost_type": cost_type or MANUAL_COST_TYPE, "available_budget": available_budget, "review_done": True,
+        "automatic_retry": False,
+        "resolution": resolution or f"not reproduced: high cost (review done): {reason.strip()}",
+        "reason": reason.strip(),
+    }
     d, moved = ledger.apply_decision(experiment_name=experiment, kind=KIND_NOT_REPRODUCED, actor=actor, fields=fields,
                                      experiment_id=exp.id if exp else None,
                                      run_state="not_reproduced" if exp else None)

@@ -145,7 +145,8 @@ def test_over_cap_records_the_seed_003_decision_and_decided_runs(ledger, tmp_pat
     runs = spec.expand(1)
     est = costguard.estimate(ledger, spec, runs)
     check = costguard.check_caps(ledger, spec, est, settings=_settings(tmp_path), user="alice", queue="ggpo")
-    d = costguard.record_not_reproduced(ledger, spec, est, check, actor="alice", runs=runs)
+    d = costguard.record_not_reproduced(ledger, spec, est, check, actor="alice", runs=runs, queue="ggpo")
+    assert ledger.experiments()[0].queue == "ggpo"
     want = json.loads(SEED_003.read_text())["full_experiment"]
     for k in want:
         assert getattr(d, k) is not None, k
@@ -177,6 +178,7 @@ def test_over_cap_records_the_seed_003_decision_and_decided_runs(ledger, tmp_pat
     last = ledger.events(run_key=key)[-1]
     assert (last.from_state, last.to_state, last.reason) == ("not_reproduced", "queued", "PI approved, grant X")
     assert ledger.committed_gpu_hours(user="alice")[1] == pytest.approx(est.total_gpu_hours)
+    assert ledger.committed_gpu_hours(queue="ggpo")[1] == pytest.approx(est.total_gpu_hours)
 
 
 def test_decision_without_runs_records_only_the_decision(ledger, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
