@@ -6,7 +6,7 @@ import click
 
 from ..config import redact
 from . import App, cli, echo_json, pass_app
-from .tables import print_status
+from .tables import print_decided, print_status
 
 
 @cli.group()
@@ -97,7 +97,7 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool) -> None:
     """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
     from ..ledger.schema import RUN_STATES
-    from ..status import experiment_status
+    from ..status import decided_experiments, experiment_status
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
@@ -106,10 +106,14 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
     data = experiment_status(led, experiment=experiment, states=states or None,
                              queue_info=_queue_info(app, {e.queue or app.settings.queue for e in led.experiments(experiment)
                                                           if e.source == "spec"}))
+    wants_decided = not states or "not_reproduced" in states
+    decided = decided_experiments(led, experiment=experiment) if wants_decided else []
     if as_json:
-        echo_json({"experiments": data})
+        echo_json({"experiments": data, "decided": decided})
     else:
-        print_status(data)
+        if data or not decided:
+            print_status(data)
+        print_decided(decided)
 
 
 def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
@@ -132,3 +136,4 @@ def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
         click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
         return {}
     return info
+
