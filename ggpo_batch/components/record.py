@@ -44,6 +44,9 @@ CHECK_KEYS = (
     "undefined_tied_weight_policy_rejected", "oversized_corpus_rejected_before_read",
     "fixed_teacher_rl_8x64_and_0_4_8_lineage", "zero_waypoint_gate_still_rejected",
 )
+# Checks that report whether a component ran at all (a fact, false for methods without it), as
+# opposed to a guarantee that must hold when it applies; status flags only the latter when false.
+FACT_CHECKS = ("actual_teacher_self_generation", "original_sif_550_online_path_validated")
 PROVENANCE_KEYS = (
     "artifact_path", "commit", "uncommitted_source_at_cpu_run", "implementation_sha256", "executed_source_sha256",
     "accelerator", "command", "dataset_fingerprint", "raw_artifact", "previous_cpu_raw_artifacts_retained",

@@ -1,36 +1,31 @@
-"""Scheduling the nightly tier through RQ, and the once-per-night guard.
+"""Scheduling the nightly tier through RQ's own scheduling.
 
-Two RQ-native ways, both enqueueing the same data-only job (`nightly_job`, kwargs are strings):
-- RQ 2's cron: `rq cron tools/nightly/rq_cron.py` calls `register_cron`, which registers the job
-  with the suite's cron expression;
+Two RQ-native ways, both enqueueing the same data-only job (`nightly_job`; kwargs are strings):
+- RQ 2's cron: `rq cron $PWD/tools/nightly/rq_cron.py` loads a config that calls `register_cron`,
+  which registers the job with the suite's cron expression;
 - `enqueue_next_night`: `Queue.enqueue_at` for the next scheduled time, run by
-  `rq worker --with-scheduler`; each night's job schedules the following one.
-RQ's cron has no leader election (two `rq cron` processes both enqueue) and a scheduled job may
-also be enqueued by hand, so `nightly_job` first claims the night (`claim_night`): a Redis
-`SET NX` on a per-suite, per-night key; the loser returns without running anything.
+  `rq worker --with-scheduler`; each night's job schedules the following one first.
+RQ's cron has no leader election (two `rq cron` processes both enqueue) and a job can also be
+enqueued by hand, so the job itself claims the night in the ledger (`Ledger.claim_night`, a
+unique (method, tier, night) row): a second job for the same night runs nothing.
 """
 
 from __future__ import annotations
 
 import logging
 import shlex
-from dataclasses import dataclass
 from datetime import date, datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable
 
 from croniter import croniter
 from redis import Redis
 from rq import Queue, get_current_job
 from rq.job import Job
 
-from .night import artifact_path, run_night
-from .suite import DEFAULT_SUITE, Suite, load_suite
+from .suite import Suite, load_suite
 
 log = logging.getLogger(__name__)
-
-CLAIM_TTL_SECONDS = 3 * 24 * 3600
-KEY_PREFIX = "ggpo:nightly:claim"
 
 
 def night_of(moment: datetime) -> date:
@@ -45,52 +40,36 @@ def next_run_after(cron: str, moment: datetime) -> datetime:
     return croniter(cron, moment.astimezone(timezone.utc)).get_next(datetime)
 
 
-def claim_key(suite_name: str, night: date) -> str:
-    return f"{KEY_PREFIX}:{suite_name}:{night.isoformat()}"
-
-
-def claim_night(connection: Redis, suite_name: str, night: date, holder: str) -> bool:
-    """Claim `night` for `holder`; False when someone already claimed it (run at most once a night)."""
-    return bool(connection.set(claim_key(suite_name, night), holder, nx=True, ex=CLAIM_TTL_SECONDS))
-
-
-def claim_holder(connection: Redis, suite_name: str, night: date) -> str | None:
-    raw = connection.get(claim_key(suite_name, night))
-    return raw.decode() if isinstance(raw, bytes) else raw
-
-
-@dataclass(frozen=True)
-class NightResult:
-    night: str
-    ran: bool
-    artifacts: tuple[str, ...] = ()
-    holder: str | None = None
-
-
 def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
-                reschedule: bool = False) -> dict[str, Any]:
-    """What the RQ worker runs: claim the night, run every method of the suite, write the artifacts.
+                reschedule: bool = False) -> list[dict[str, Any]]:
+    """What the RQ worker runs: for each method of the suite, claim the night and run the tier.
 
-    Only call inside an RQ job (the Redis connection is the job's own). With `reschedule` (the
-    `enqueue_at` chain) the next night is scheduled first, so a failing night does not end the chain.
-    Returns a plain dict.
+    Only inside an RQ job: the Redis connection is the job's own; the ledger URL comes from the
+    worker's settings (environment, read here at the edge). With `reschedule` (the `enqueue_at`
+    chain) the next night is scheduled first, so a failing night does not end the chain.
     """
+    from ..config import load_settings
+    from ..ledger import connect
+    from .night import run_night
+
     job = get_current_job()
     if job is None:
-        raise RuntimeError("nightly_job runs inside an RQ job; use run_nightly directly otherwise")
+        raise RuntimeError("nightly_job runs inside an RQ job; call components.night.run_night otherwise")
     suite = load_suite(Path(suite_path))
     the_night = date.fromisoformat(night) if night else night_of(job.enqueued_at or datetime.now(timezone.utc))
     if reschedule:
         after = datetime.combine(the_night, datetime.max.time(), tzinfo=timezone.utc)
         enqueue_next_night(job.connection, suite, Path(output_dir), now=max(after, datetime.now(timezone.utc)))
-    if not claim_night(job.connection, suite.name, the_night, job.id):
-        holder = claim_holder(job.connection, suite.name, the_night)
-        log.info("night %s of %s already claimed by %s; not running again", the_night, suite.name, holder)
-        return NightResult(night=the_night.isoformat(), ran=False, holder=holder).__dict__
+    settings = load_settings()
     command = " ".join(shlex.quote(x) for x in (
-        "rq-job", job.id, f"{nightly_job.__module__}.nightly_job", suite_path, output_dir, the_night.isoformat()))
-    artifacts = [str(p) for p, _rec in run_night(suite, Path(output_dir), the_night, command)]
-    return NightResult(night=the_night.isoformat(), ran=True, artifacts=tuple(artifacts), holder=job.id).__dict__
+        "rq-job", job.id, f"{__name__}.nightly_job", suite_path, output_dir, the_night.isoformat()))
+    ledger = connect(settings.db_url)
+    try:
+        done = run_night(ledger, suite=suite, output_dir=Path(output_dir), night=the_night,
+                         actor=f"rq:{job.id}", command=command)
+    finally:
+        ledger.engine.dispose()
+    return [d.__dict__ for d in done]
 
 
 def job_kwargs(suite: Suite, output_dir: Path) -> dict[str, str]:
@@ -98,7 +77,7 @@ def job_kwargs(suite: Suite, output_dir: Path) -> dict[str, str]:
 
 
 def register_cron(suite: Suite, output_dir: Path) -> dict[str, Any]:
-    """Register the nightly job with RQ's cron (call from the config file `rq cron` loads)."""
+    """Register the nightly job with RQ's cron (call from the config file that `rq cron` loads)."""
     from rq import cron
 
     return cron.register(nightly_job, queue_name=suite.schedule.queue, kwargs=job_kwargs(suite, output_dir),
@@ -110,8 +89,8 @@ def enqueue_next_night(connection: Redis, suite: Suite, output_dir: Path,
                        now: datetime | None = None) -> Job:
     """Schedule the next night's job with `enqueue_at` (needs `rq worker --with-scheduler`).
 
-    The job id names the suite and the night, so scheduling the same night twice updates one
-    scheduled entry instead of adding a second; the claim still guards the run itself.
+    The job id names the suite and the night, so scheduling the same night twice keeps one
+    scheduled entry instead of adding a second; the ledger claim still guards the run itself.
     """
     at = next_run_after(suite.schedule.cron, now or datetime.now(timezone.utc))
     the_night = night_of(at)
@@ -124,20 +103,14 @@ def enqueue_next_night(connection: Redis, suite: Suite, output_dir: Path,
 
 def expected_nights(cron: str, start: datetime, end: datetime) -> list[date]:
     """The nights the schedule should have run in (start, end]."""
-    nights: list[date] = []
+    nights: set[date] = set()
     it = croniter(cron, start.astimezone(timezone.utc))
     while (t := it.get_next(datetime)) <= end.astimezone(timezone.utc):
-        nights.append(night_of(t))
-    return sorted(set(nights))
+        nights.add(night_of(t))
+    return sorted(nights)
 
 
 def missed_nights(cron: str, run_nights: Iterable[date], start: datetime, end: datetime) -> list[date]:
-    """Scheduled nights in (start, end] with no run: a missed night must be visible, not silent."""
+    """Scheduled nights in (start, end] with no component run: a missed night is shown, never silent."""
     ran = set(run_nights)
     return [n for n in expected_nights(cron, start, end) if n not in ran]
-
-
-__all__ = [
-    "DEFAULT_SUITE", "claim_night", "claim_holder", "enqueue_next_night", "expected_nights", "missed_nights",
-    "next_run_after", "night_of", "nightly_job", "register_cron", "artifact_path",
-]
