@@ -26,16 +26,16 @@ def _mean(record: Mapping[str, Any] | None, key: str) -> float | None:
 
 
 def moved_metrics(current: Mapping[str, Any], previous: Mapping[str, Any], threshold: float) -> list[dict[str, Any]]:
-    """Metrics whose mean changed by more than `threshold` relative to the previous night's
-    (absolute change when the previous mean is 0, so a frozen delta leaving 0 is caught)."""
+    """Metrics whose mean changed by more than `threshold` relative to the previous night's; from a
+    previous mean of exactly 0 any change counts (relative_change None), so a frozen delta leaving 0 shows."""
     moved = []
     for key in WATCHED:
         a, b = _mean(previous, key), _mean(current, key)
         if a is None or b is None:
             continue
-        change = abs(b - a) / abs(a) if a != 0 else abs(b - a)
-        if change > threshold:
-            moved.append({"metric": key, "previous": a, "current": b, "relative_change": change if a else None})
+        change = abs(b - a) / abs(a) if a != 0 else None
+        if (change is not None and change > threshold) or (change is None and b != 0):
+            moved.append({"metric": key, "previous": a, "current": b, "relative_change": change})
     return moved
 
 
