@@ -46,6 +46,7 @@ class SeedOutcome:
     behaviour_matched_student_at_sampling: bool
     student_sampled_tokens: int
     teacher_sampled_tokens: int
+    device: str  # where the student's parameters lived (the record's accelerator)
 
 
 def _fit_nll(model: BytePolicy, split: ByteSplit, steps: int, budgets: Budgets, gen: torch.Generator) -> None:
@@ -172,4 +173,5 @@ def run_seed(seed: int, split: ByteSplit, budgets: Budgets, gcfg: GgpoTierConfig
         behaviour_matched_student_at_sampling=bool(online),
         student_sampled_tokens=behaviour.sampled_tokens,
         teacher_sampled_tokens=teacher.sampled_tokens + specialist.sampled_tokens,
+        device=next(student.parameters()).device.type,
     )

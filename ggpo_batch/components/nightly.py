@@ -180,7 +180,7 @@ def run_method(method: str, *, suite: Suite, seeds: Sequence[int], corpus: Corpu
             "uncommitted_source_at_cpu_run": uncommitted(list(sources)),
             "implementation_sha256": sha256_path(impl_path),
             "executed_source_sha256": sources,
-            "accelerator": "cpu",
+            "accelerator": ",".join(sorted({o.device for o in outcomes})),
             "command": command,
             "dataset_fingerprint": f"sha256:{corpus.sha256}",
             "raw_artifact": _rel(output) if output is not None else None,

