@@ -99,3 +99,49 @@ def env(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     return values
+
+
+# Redis db numbers this suite may flush (other suites on the machine use 8 and up).
+REDIS_TEST_DB = int(os.environ.get("GGPO_TEST_REDIS_DB", "1"))
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    """The real Redis, one database of its own, flushed before and after the test."""
+    import redis
+
+    url = f"{REDIS_URL}/{REDIS_TEST_DB}"
+    conn = redis.Redis.from_url(url)
+    try:
+        conn.ping()
+    except redis.exceptions.ConnectionError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis not reachable at {url}: {exc}")
+        pytest.skip(f"Redis not reachable at {url}: {exc}")
+    conn.flushdb()
+    yield url
+    conn.flushdb()
+    conn.close()
+
+
+@pytest.fixture
+def settings(tmp_path: Path, db_url: str, redis_url: str, ledger):  # type: ignore[no-untyped-def]
+    """Settings on the test ledger and Redis db, with a private data dir."""
+    from ggpo_batch.config import load_settings
+
+    return load_settings({"GGPO_DB_URL": db_url, "GGPO_REDIS_URL": redis_url, "GGPO_DATA_DIR": str(tmp_path / "data"),
+                          "GGPO_USER": "tester", "GGPO_QUEUE": "testq", "GGPO_DEFER_SECONDS": "1"})
+
+
+@pytest.fixture
+def worker_env(settings, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """The environment an RQ worker (and its jobs) read their settings from."""
+    for k in list(os.environ):
+        if k.startswith("GGPO_"):
+            monkeypatch.delenv(k)
+    values = {"GGPO_DB_URL": settings.db_url, "GGPO_REDIS_URL": settings.redis_url,
+              "GGPO_DATA_DIR": str(settings.data_dir), "GGPO_USER": "tester", "GGPO_QUEUE": "testq",
+              "GGPO_DEFER_SECONDS": "1"}
+    for k, v in values.items():
+        monkeypatch.setenv(k, v)
+    return values

@@ -80,16 +80,34 @@ def test_retry_by_hand_is_a_new_attempt_with_who_and_why(ledger) -> None:  # typ
     assert (retry.actor, retry.reason, retry.to_state) == ("bob", "node n3 replaced", "queued")
 
 
-def test_begin_attempt_reuses_an_attempt_without_job_id(ledger) -> None:  # type: ignore[no-untyped-def]
-    """A worker killed between begin_attempt and mark_submitted: the next one reuses attempt 1."""
+def test_submitting_attempt_is_fenced_until_resolved(ledger) -> None:  # type: ignore[no-untyped-def]
+    """A worker killed between begin_attempt and mark_submitted: nobody else may submit the run
+    until reconcile has asked the scheduler (found -> submitted, not found -> lost)."""
     _experiment(ledger)
-    a1 = ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w1")
-    a2 = ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w2")
-    assert a1.id == a2.id and a2.number == 1
-    ledger.mark_submitted("e-v1-0-clean", 1, job_id="77", actor="w")
+    ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w1")
+    with pytest.raises(LedgerError, match="being submitted by w1"):
+        ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w2")
+    ledger.resolve_submitting("e-v1-0-clean", 1, job_id="77", actor="reconcile", reason="found by name")
+    assert ledger.get_run("e-v1-0-clean").state == "submitted"
     ledger.mark_submitted("e-v1-0-clean", 1, job_id="77", actor="w")  # reported twice: harmless
     with pytest.raises(LedgerError, match="with job 77"):
         ledger.mark_submitted("e-v1-0-clean", 1, job_id="78", actor="w")
+    ledger.begin_attempt("e-v1-1-clean", executor="slurm", gpus=4, actor="w", worker="w1")
+    ledger.resolve_submitting("e-v1-1-clean", 1, job_id=None, actor="reconcile", reason="worker died before sbatch")
+    run = ledger.get_run("e-v1-1-clean")
+    assert run.state == "lost" and run.attempts[0].state == "lost" and run.attempts[0].gpu_hours_job == 0.0
+
+
+def test_quota_is_checked_atomically(ledger) -> None:  # type: ignore[no-untyped-def]
+    from ggpo_batch.ledger.ledger import QuotaExceeded
+
+    _experiment(ledger, n=3)
+    ledger.begin_attempt("e-v1-0-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    ledger.begin_attempt("e-v1-1-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    with pytest.raises(QuotaExceeded, match="8 GPUs in flight"):
+        ledger.begin_attempt("e-v1-2-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    assert ledger.get_run("e-v1-2-clean").attempts == []
+    assert ledger.in_flight_gpus("q") == 8 and ledger.in_flight_gpus("other") == 0
 
 
 def test_decisions_artifacts_and_night_guard(ledger) -> None:  # type: ignore[no-untyped-def]

@@ -104,4 +104,6 @@ def main() -> None:
     cli(prog_name="ggpo-batch")
 
 
-from . import ledger_cmds, nightly_cmds  # noqa: E402,F401  (registers commands)
+from . import ledger_cmds  # noqa: E402,F401  (registers commands)
+from . import queue_cmds  # noqa: E402,F401
+from . import nightly_cmds  # noqa: E402,F401

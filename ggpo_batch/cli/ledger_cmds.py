@@ -113,8 +113,33 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
-    data = experiment_status(app.ledger(), experiment=experiment, states=states or None)
+    led = app.ledger()
+    data = experiment_status(led, experiment=experiment, states=states or None,
+                             queue_info=_queue_info(app, {e.queue or app.settings.queue for e in led.experiments(experiment)
+                                                          if e.source == "spec"}))
     if as_json:
         echo_json({"experiments": data})
     else:
         print_status(data)
+
+
+def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
+    """Run key -> queue position / RQ worker, from Redis; empty (with a warning) if Redis is down."""
+    if not queues or app.settings.redis_url.startswith("memory://"):
+        return {}
+    from ..queue import RunQueue
+
+    info: dict[str, dict] = {}
+    try:
+        for name in sorted(queues):
+            q = RunQueue.from_url(app.settings.redis_url, name)
+            for key, pos in q.waiting().items():
+                info[key] = {"queue_position": pos, "queue": name}
+            for key in q.scheduled():
+                info.setdefault(key, {"queue_position": None, "queue": name, "deferred": True})
+            for key, worker in q.started().items():
+                info.setdefault(key, {"queue": name})["rq_worker"] = worker
+    except Exception as exc:  # status must still show the ledger when Redis is down
+        click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
+        return {}
+    return info

@@ -60,6 +60,14 @@ class NewRun:
     estimated_gpu_hours: float | None = None
 
 
+class QuotaExceeded(LedgerError):
+    """Submitting would put a queue over its GPU quota; the run stays queued (deferred)."""
+
+    def __init__(self, queue: str, used: int, gpus: int, limit: int) -> None:
+        super().__init__(f"queue {queue}: {used} GPUs in flight + {gpus} > quota {limit}")
+        self.queue, self.used, self.gpus, self.limit = queue, used, gpus, limit
+
+
 class Ledger:
     """The ledger on one database. Cheap to create; holds only an engine."""
 
@@ -87,7 +95,7 @@ class Ledger:
 
     @staticmethod
     def _locked_run(s: Session, run_key: str) -> Run:
-        run = s.scalars(select(Run).where(Run.run_key == run_key).with_for_update()).one_or_none()
+        run = s.scalars(select(Run).where(Run.run_key == run_key).with_for_update(of=Run)).unique().one_or_none()
         if run is None:
             raise LedgerError(f"no run {run_key!r} in the ledger")
         return run
@@ -122,6 +130,19 @@ class Ledger:
                                   spec=spec, gpus=gpus, actor=actor, runs=runs, states=[initial_state] * len(runs),
                                   source_path=source_path, queue=queue, max_gpu_hours=max_gpu_hours, reason=reason)
             return exp
+
+    def add_runs(self, experiment_id: int, runs: Sequence[NewRun], *, actor: str, state: str = "queued",
+                 reason: str | None = None) -> list[Run]:
+        """Add runs to an existing experiment version (e.g. arms first enqueued with --arms)."""
+        with self.session() as s:
+            rows = [Run(experiment_id=experiment_id, run_key=nr.run_key, arm=nr.arm, seed=nr.seed, state=state,
+                        config_hash=nr.config_hash, run_spec=dict(nr.run_spec), retries_allowed=nr.retries_allowed,
+                        estimated_gpu_hours=nr.estimated_gpu_hours) for nr in runs]
+            s.add_all(rows)
+            s.flush()
+            for run in rows:
+                self._event(s, entity="run", to_state=state, actor=actor, reason=reason, run=run)
+            return rows
 
     def import_finished(self, *, name: str, version: int, method: str, spec_hash: str, spec: Mapping[str, Any],
                         gpus: int, actor: str, source_path: str, runs: Sequence[NewRun],
@@ -217,15 +238,17 @@ class Ledger:
             return run
 
     def mark_cancelled(self, run_key: str, *, actor: str, reason: str | None = None) -> Run:
+        """The run is cancelled now; its scheduler jobs (if any) are cancelled by the caller."""
         with self.session() as s:
             run = self._locked_run(s, run_key)
             self._move(s, run, "cancelled", actor, reason)
+            # An attempt with a job id stays open: reconcile books its end and GPU-hours from the
+            # scheduler once the cancellation has taken effect.
             for att in run.attempts:
-                if att.state not in ATTEMPT_FINAL:
+                if att.state == "submitting":
                     self._event(s, entity="attempt", from_state=att.state, to_state="cancelled", actor=actor,
                                 reason=reason, run=run, attempt=att)
-                    att.state = "cancelled"
-                    att.ended_at = att.ended_at or utcnow()
+                    att.state, att.ended_at = "cancelled", utcnow()
             run.cause = reason
             return run
 
@@ -238,11 +261,14 @@ class Ledger:
 
     # -- attempts -------------------------------------------------------------------------------
 
-    def begin_attempt(self, run_key: str, *, executor: str, gpus: int, actor: str, worker: str | None) -> Attempt:
+    def begin_attempt(self, run_key: str, *, executor: str, gpus: int, actor: str, worker: str | None,
+                      quota: tuple[str, int] | None = None) -> Attempt:
         """Write the attempt row BEFORE the scheduler is asked, so a crash after sbatch is findable.
 
-        An attempt that was begun but never got a job id is reused (same number), so the executor's
-        find-by-name check covers the window between sbatch and `mark_submitted`.
+        `quota` = (queue, max GPUs in flight): checked in the same transaction under a lock, so two
+        workers cannot both pass it; over quota raises QuotaExceeded and writes nothing. A run whose
+        last attempt is still `submitting` belongs to whoever began it: only `resolve_submitting`
+        (reconcile, after asking the scheduler) may settle it, so it is never submitted twice.
         """
         with self.session() as s:
             run = self._locked_run(s, run_key)
@@ -250,8 +276,13 @@ class Ledger:
                 raise LedgerError(f"run {run_key}: is {run.state}, only a queued run can be submitted")
             last = run.attempts[-1] if run.attempts else None
             if last is not None and last.state == "submitting":
-                last.worker = worker
-                return last
+                raise LedgerError(f"run {run_key}: attempt {last.number} is being submitted by {last.worker}")
+            if quota is not None and quota[1] > 0:
+                queue, limit = quota
+                self._lock_queue(s, queue)
+                used = self._in_flight(s, queue)
+                if used + gpus > limit:
+                    raise QuotaExceeded(queue, used, gpus, limit)
             number = (last.number + 1) if last else 1
             att = Attempt(run_id=run.id, number=number, executor=executor, state="submitting", gpus=gpus,
                           submitted_by=actor, worker=worker)
@@ -259,6 +290,47 @@ class Ledger:
             s.flush()
             self._event(s, entity="attempt", to_state="submitting", actor=actor, run=run, attempt=att)
             run.worker = worker
+            return att
+
+    @staticmethod
+    def _lock_queue(s: Session, queue: str) -> None:
+        # SQLite already holds the write lock (BEGIN IMMEDIATE); PostgreSQL needs an explicit one.
+        if s.get_bind().dialect.name == "postgresql":
+            s.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"ggpo-quota:{queue}"))))
+
+    @staticmethod
+    def _in_flight(s: Session, queue: str | None) -> int:
+        q = (select(func.coalesce(func.sum(Attempt.gpus), 0)).join(Run, Run.id == Attempt.run_id)
+             .join(Experiment, Experiment.id == Run.experiment_id)
+             .where(Attempt.state.in_(("submitting", "submitted", "running"))))
+        if queue is not None:
+            q = q.where(Experiment.queue == queue)
+        return int(s.scalar(q) or 0)
+
+    def in_flight_gpus(self, queue: str | None = None) -> int:
+        """GPUs held or requested by attempts not yet ended (of one queue, if given)."""
+        with self.session() as s:
+            return self._in_flight(s, queue)
+
+    def resolve_submitting(self, run_key: str, number: int, *, job_id: str | None, actor: str,
+                           reason: str, state: str = "lost") -> Attempt:
+        """Settle an attempt that never got a job id: the scheduler had it after all (job_id), or it
+        never reached one (`state` lost: the worker died; failed: the scheduler refused it)."""
+        if job_id is not None:
+            return self.mark_submitted(run_key, number, job_id=job_id, actor=actor)
+        with self.session() as s:
+            run, att = self._locked_attempt(s, run_key, number)
+            if att.state != "submitting":
+                raise LedgerError(f"run {run_key} attempt {number} is {att.state}, not submitting")
+            if state not in ("lost", "failed"):
+                raise LedgerError(f"an unsubmitted attempt ends lost or failed, not {state}")
+            self._event(s, entity="attempt", from_state="submitting", to_state=state, actor=actor, reason=reason,
+                        run=run, attempt=att)
+            att.state, att.reason, att.ended_at = state, reason, utcnow()
+            att.elapsed_seconds, att.gpu_hours_job = 0.0, 0.0  # never reached a scheduler: nothing allocated
+            if run.state == "queued":
+                self._move(s, run, state, actor, reason, attempt=att)
+                run.cause, run.worker = reason, None
             return att
 
     def _locked_attempt(self, s: Session, run_key: str, number: int) -> tuple[Run, Attempt]:
@@ -349,17 +421,6 @@ class Ledger:
                 .order_by(Attempt.id)
             ).all()
             return [(r, a) for r, a in rows]
-
-    def in_flight_gpus(self, queue: str | None = None) -> int:
-        """GPUs held or requested by submitted/running runs (of one queue, if given)."""
-        with self.session() as s:
-            q = (select(func.coalesce(func.sum(Attempt.gpus), 0)).join(Run, Run.id == Attempt.run_id)
-                 .join(Experiment, Experiment.id == Run.experiment_id)
-                 .where(Attempt.state.in_(("submitting", "submitted", "running")))
-                 .where(Run.state.in_(("queued",) + ACTIVE_RUN_STATES)))
-            if queue is not None:
-                q = q.where(Experiment.queue == queue)
-            return int(s.scalar(q) or 0)
 
     # -- decisions, artifacts, component runs ----------------------------------------------------------
 

@@ -96,7 +96,7 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    experiment: Mapped[Experiment] = relationship(back_populates="runs")
+    experiment: Mapped[Experiment] = relationship(back_populates="runs", lazy="joined", innerjoin=True)
     attempts: Mapped[list["Attempt"]] = relationship(back_populates="run", order_by="Attempt.number", lazy="selectin")
 
 

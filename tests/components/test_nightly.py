@@ -115,3 +115,25 @@ def test_the_repo_suite_seeds_42_44_within_the_time_goal():
     guarantees = {k: v for k, v in rec["execution_checks"].items()
                   if k not in ("actual_teacher_self_generation", "extreme_finite_padding_zero_gradients")}
     assert all(v is True or v == "not_applicable" for v in guarantees.values()), guarantees
+
+
+def test_checks_fail_when_the_mechanism_is_broken(suite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The checks are observations: break the split or the freezing and they turn false."""
+    import torch
+
+    from ggpo_batch.components import ggpo_tier
+    from ggpo_batch.components.corpus import ByteSplit
+
+    def anywhere(self, gen, batch, length):  # a sampler that ignores the split
+        starts = torch.randint(0, len(self.data) - length + 1, (batch,), generator=gen).tolist()
+        self.served.extend((s, s + length) for s in starts)
+        return torch.stack([self.data[s:s + length] for s in starts])
+
+    monkeypatch.setattr(ByteSplit, "train_windows", anywhere)
+    monkeypatch.setattr(ggpo_tier, "_frozen_copy", lambda m: m)  # "snapshots" that alias the live student
+    rec = _run(suite, tmp_path, output=None, seeds=[1, 2])
+    checks = rec["execution_checks"]
+    assert checks["heldout_bytes_not_used_for_training"] is False
+    assert checks["frozen_teacher_unchanged"] is False
+    assert any(d > 0 for e in rec["per_seed"] for d in e["frozen_rl_snapshot_parameter_deltas_l2"])
+    assert all(e["behavior_is_reference"] is True for e in rec["per_seed"])
