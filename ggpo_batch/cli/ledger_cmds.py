@@ -93,9 +93,20 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 @click.option("--experiment", "-e", help="Only this experiment (all its versions).")
 @click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+@click.option("--components", is_flag=True, help="Nightly CPU component runs instead: last nights, moved metrics, "
+              "missed nights.")
+@click.option("--nights", default=14, show_default=True, type=click.IntRange(1, 365), help="With --components.")
+@click.option("--threshold", default=0.1, show_default=True, type=click.FloatRange(0, None),
+              help="With --components: relative change of a metric's mean that counts as moved.")
 @pass_app
-def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool) -> None:
+def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool, components: bool,
+           nights: int, threshold: float) -> None:
     """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
+    if components:
+        from .nightly_cmds import component_status_view
+
+        component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
+        return
     from ..ledger.schema import RUN_STATES
     from ..status import decided_experiments, experiment_status
 
