@@ -12,6 +12,7 @@ submitit, the job then exits with `Preempted` and a rerun of the same command re
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -113,7 +114,10 @@ class TrainingJob(submitit.helpers.Checkpointable):
                     trainer.save(ckpt)
                 if int(flag) and not done:
                     raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
-            trainer.export(Path(self.output + ".policy.safetensors"))
+            weights = trainer.export(Path(self.output + ".policy.safetensors"))
+            digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
+            rank_digests: list[str | None] = [None] * world
+            dist.all_gather_object(rank_digests, digest)  # the ranks must hold the same policy
             training_seconds = time.time() - t0
             t1 = time.time()
             audit = trainer.run_audit()
@@ -136,7 +140,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
                            "audit": {"steps_checked": audit.steps_checked, "problems": audit.problems},
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
-                           "zero_stage": cfg.zero_stage, "under_submitit": under_submitit}
+                           "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
+                           "rank_policy_sha256": rank_digests}
                 output.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(Path(self.output + ".details.json"), details)
                 write_json_atomic(output, record)

@@ -6,14 +6,16 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from ..errors import GgpoError
 from ..runspec import RunSpec
-from .job import TrainingJob, run_with_budget
+from .job import Preempted, TrainingJob, run_with_budget
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,15 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
         procs.append((subprocess.Popen([sys.executable, "-m", "ggpo_batch.train.launch", str(spec_file), str(output)],
                                        env=env, stdout=fh, stderr=subprocess.STDOUT), fh, log_path))
     failed = []
+
+    def forward(signum: int, frame: object) -> None:  # a preempted launcher preempts its ranks
+        for p, _, _ in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
         for rank, (p, fh, log_path) in enumerate(procs):
             rc = p.wait(timeout=timeout)
@@ -55,6 +66,8 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
             if rc != 0:
                 failed.append((rank, rc, log_path))
     finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
         for p, fh, _ in procs:
             if p.poll() is None:
                 p.kill()
@@ -62,6 +75,8 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
             fh.close()
     if failed:
         rank, rc, log_path = failed[0]
+        if all(f[1] == Preempted.exit_code for f in failed) and len(failed) == nproc:
+            raise Preempted(f"all {nproc} ranks checkpointed in {output}.ckpt; call again to resume")
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         raise GgpoError(f"training rank {rank} exited {rc} (log {log_path}): {tail[0][:300]}")
     return json.loads(output.read_text())

@@ -48,7 +48,13 @@ def full_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch
 def logprobs_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 temperature: float) -> torch.Tensor:
     """Log-probs [B, T-1] of input_ids[:, 1:] under `model` (right-padded batch)."""
-    from .ggpo import token_logprobs
-
     out = model(input_ids=input_ids, attention_mask=attention_mask)
-    return token_logprobs(out.logits[:, :-1] / temperature, input_ids[:, 1:])
+    return policy_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def policy_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of targets under the policy's sampling distribution (tempered, env-only tokens removed)."""
+    from .ggpo import token_logprobs
+    from .tokenizer import policy_logits
+
+    return token_logprobs(policy_logits(logits) / temperature, targets)

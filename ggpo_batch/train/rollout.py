@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from .tokenizer import EOS, STOP_TOKENS
+from .tokenizer import EOS, STOP_TOKENS, policy_logits
 
 
 @dataclass(frozen=True)
@@ -77,7 +77,7 @@ class TorchSampler(RolloutBackend):
         toks: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
         for _ in range(max_new_tokens):
-            logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+            logp = torch.log_softmax(policy_logits(logits) / temperature, dim=-1)
             tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             for i in torch.nonzero(~done).flatten().tolist():

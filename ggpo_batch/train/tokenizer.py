@@ -12,6 +12,17 @@ DOC_OPEN = 258  # written by the environment around each retrieved passage
 DOC_CLOSE = 259
 VOCAB_SIZE = 260
 STOP_TOKENS = frozenset({EOS, SEARCH})
+# Only the environment writes these: the policy's distribution excludes them, when sampling and
+# when training alike, so a tool delimiter can never be a generated (loss-masked) token.
+ENV_ONLY_TOKENS = (DOC_OPEN, DOC_CLOSE)
+POLICY_TOKENS = tuple(i for i in range(VOCAB_SIZE) if i not in ENV_ONLY_TOKENS)
+
+
+def policy_logits(logits):
+    """`logits` [..., VOCAB_SIZE] with the environment-only tokens made impossible."""
+    logits = logits.float().clone()
+    logits[..., list(ENV_ONLY_TOKENS)] = float("-inf")
+    return logits
 
 
 def encode(text: str) -> list[int]:

@@ -23,8 +23,8 @@ from .audit import AuditResult, StepEvidence, audit
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .environment import GENERATED, PAD_SOURCE, Trajectory, run_episodes, start
-from .ggpo import GgpoConfig, ggpo_loss, group_advantages, token_logprobs
-from .model import build_model, full_state_dict
+from .ggpo import GgpoConfig, ggpo_loss, group_advantages
+from .model import build_model, full_state_dict, policy_token_logprobs
 from .retrieval import Retriever
 from .rollout import make_backend
 from .task import is_clean_answer, load, normalize, render
@@ -159,7 +159,7 @@ class Trainer:
         tally["aux_sequence_padded_tokens"] += ids.numel()
         tally["aux_loss_tokens"] += int(mask.sum())
         logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = -token_logprobs(logits, ids[:, 1:])
+        nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0)
         return (nll * mask).sum() / mask.sum().clamp(min=1)
 
     def step(self) -> bool:
@@ -206,10 +206,10 @@ class Trainer:
             tally["rl_sequence_nonpadding_tokens"] += int(attn.sum())
             tally["rl_sequence_padded_tokens"] += ids.numel()
         logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        logp = token_logprobs(logits / cfg.temperature, ids[:, 1:])
+        logp = policy_token_logprobs(logits, ids[:, 1:], cfg.temperature)
         with torch.no_grad():
             ref_logits = self.reference(input_ids=ids, attention_mask=attn).logits[:, :-1]
-            ref_logp = token_logprobs(ref_logits / cfg.temperature, ids[:, 1:])
+            ref_logp = policy_token_logprobs(ref_logits, ids[:, 1:], cfg.temperature)
         loss, stats = ggpo_loss(logp, blp[:, 1:].to(self.device), ref_logp,
                                 torch.tensor(row_adv, device=self.device), mask, self.gcfg)
         tally["rl_loss_tokens"] += stats.loss_tokens
