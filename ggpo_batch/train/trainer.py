@@ -304,7 +304,7 @@ class Trainer:
     def save(self, folder: Path) -> None:
         """A resumable checkpoint (collective: every rank must call it)."""
         folder.mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(str(folder), tag="latest")
+        self.engine.save_checkpoint(str(folder), tag="loop")
         torch.save({"state": self.state, "evidence": self.evidence, "reference": self.reference.state_dict()},
                    folder / f"loop_rank{self.rank}.pt")
         dist.barrier()
@@ -316,7 +316,7 @@ class Trainer:
         dist.all_reduce(ok, op=dist.ReduceOp.MIN)
         if not int(ok):
             return False
-        self.engine.load_checkpoint(str(folder), tag="latest")
+        self.engine.load_checkpoint(str(folder), tag="loop")
         saved = torch.load(mine, weights_only=False)
         self.state, self.evidence = saved["state"], saved["evidence"]
         self.reference.load_state_dict(saved["reference"])
