@@ -94,7 +94,7 @@ class TorchSampler(RolloutBackend):
 
 
 def make_backend(kind: str, model: torch.nn.Module, **vllm_options: object) -> RolloutBackend:
-    """The configured backend; the torch sampler gets its own copy of the policy's weights."""
+    """The configured backend over `model`, the behaviour copy (vLLM serves a saved copy of it)."""
     if kind == "torch":
         return TorchSampler(model)
     from .vllm_backend import VllmBackend

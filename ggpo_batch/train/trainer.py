@@ -98,8 +98,9 @@ class Trainer:
             "wall_clock_breakdown": False,
         }
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-        self.backend = make_backend(cfg.rollout, behaviour, gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                                    seed=spec.seed + rank)
+        vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed + rank,
+                        "device_index": device.index}
+        self.backend = make_backend(cfg.rollout, behaviour, **vllm_options)
         self.state = LoopState()
         self.evidence: list[StepEvidence] = []
 
