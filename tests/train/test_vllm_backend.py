@@ -41,3 +41,14 @@ def test_vllm_logprobs_follow_the_synced_weights(monkeypatch):
         assert max_gap(old, prompts, after) > 1e-2  # ...and the old weights are gone
     finally:
         backend.close()
+
+
+def test_training_job_runs_with_vllm_rollouts(tmp_path, monkeypatch, spec_for):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    from ggpo_batch.record import check_run_record
+    from ggpo_batch.train.launch import train_local
+
+    rec = train_local(spec_for("paired", budget=1.0, rollout="vllm"), tmp_path / "r.json", nproc=1, timeout=400)
+    assert check_run_record("7/paired", rec) == []
+    assert rec["training"]["status"] == "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
+    assert rec["training"]["counts"]["steps"] >= 1 and rec["training"]["cost"]["backend_calls"] >= 16
