@@ -161,7 +161,7 @@ class Trainer:
         tally["aux_loss_tokens"] += int(mask.sum())
         logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
         nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0)
-        return (nll * mask).sum() / mask.sum().clamp(min=1)
+        return torch.where(mask, nll, 0.0).sum() / mask.sum().clamp(min=1)
 
     def step(self) -> bool:
         """One batch: rollouts, advantages, one update. Returns True when the loop must stop."""
@@ -211,6 +211,9 @@ class Trainer:
         with torch.no_grad():
             ref_logits = self.reference(input_ids=ids, attention_mask=attn).logits[:, :-1]
             ref_logp = policy_token_logprobs(ref_logits, ids[:, 1:], cfg.temperature)
+        # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
+        # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
+        logp, ref_logp = torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0)
         loss, stats = ggpo_loss(logp, blp[:, 1:].to(self.device), ref_logp,
                                 torch.tensor(row_adv, device=self.device), mask, self.gcfg)
         tally["rl_loss_tokens"] += stats.loss_tokens

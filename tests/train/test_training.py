@@ -1,6 +1,7 @@
 """The training job for real: 2 CPU ranks (gloo), DeepSpeed ZeRO-2 and ZeRO-3, all 5 arms."""
 
 import json
+import math
 import os
 import signal
 import threading
@@ -62,6 +63,8 @@ def test_counts_reconcile_with_the_arm(zero2_runs, arms, arm):
     assert cost["rl_loss_tokens"] <= cost["backend_generated_tokens"]
     assert c["nonzero_advantage_tokens"] <= cost["rl_loss_tokens"]
     assert len(details["history"]) == c["steps"]
+    for h in details["history"]:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]), h
     assert set(details["history"][0]) >= {"loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length",
                                           "reference_refreshed"}
     a = arms[arm]
@@ -90,6 +93,7 @@ def test_training_changes_parameters_and_ranks_agree(zero2_runs):
     assert len(set(details["rank_policy_sha256"])) == 1 and len(details["rank_policy_sha256"]) == 2
     final = load_file(str(out) + ".policy.safetensors")
     initial = dict(build_model(TrainConfig(), rec["seed"]).named_parameters())
+    assert all(bool(torch.isfinite(v).all()) for v in final.values())
     delta = sum(float((final[k] - initial[k].detach()).norm()) for k in final)
     assert delta > 1e-4
 
@@ -98,6 +102,7 @@ def test_zero3_trains_and_ranks_agree(tmp_path_factory, spec_for, seed_records):
     out, rec, details = run(tmp_path_factory, spec_for("paired_answer", budget=1.5, zero_stage=3))
     assert check_run_record(run_key(rec["seed"], "paired_answer"), rec) == []
     assert details["zero_stage"] == 3 and len(set(details["rank_policy_sha256"])) == 1
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]) for h in details["history"])
     assert rec["training"]["status"] == "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
     z2 = load_policy(tmp_path_factory, out)
     initial = dict(build_model(TrainConfig(), rec["seed"]).named_parameters())
