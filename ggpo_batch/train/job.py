@@ -106,7 +106,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
             done = bool(trainer.state.step) and trainer.state.loop_seconds >= spec.loop_budget_seconds
             while not done:
                 done = trainer.step()
-                flag = torch.tensor([int(self._stop_requested)])
+                flag = torch.tensor([int(self._stop_requested)], device=device)  # NCCL reduces device tensors only
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX)
                 periodic = cfg.checkpoint_every and trainer.state.step % cfg.checkpoint_every == 0
                 if int(flag) or (periodic and not done):

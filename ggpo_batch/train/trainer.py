@@ -251,7 +251,7 @@ class Trainer:
             "gradient_norm": float(grad_norm) if grad_norm is not None else None,
             "retained_groups": retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
             "mean_length": float(red[3]) / max(1.0, float(red[4])), "reference_refreshed": refreshed,
-            "loop_seconds": st.loop_seconds,
+            "branch": f"deepspeed_zero{cfg.zero_stage}", "loop_seconds": st.loop_seconds,
         })
         st.step += 1
         if self.rank == 0:

@@ -34,7 +34,9 @@ class VllmBackend(RolloutBackend):
         # The engine core runs in a child process; pin it to this rank's GPU through its environment.
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.cuda and device_index is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = str(device_index)
+            # device_index counts visible devices; Slurm may have made a subset visible ("4,5,6,7").
+            visible = saved.split(",") if saved else [str(i) for i in range(torch.cuda.device_count())]
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible[device_index]
         try:
             self.llm = LLM(
                 model=str(self.folder / "model"), skip_tokenizer_init=True, seed=seed, enforce_eager=True,
