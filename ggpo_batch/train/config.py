@@ -7,8 +7,9 @@ Imports without torch: the CLI validates specs on machines without the train ext
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import SpecError
 
@@ -73,7 +74,7 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_table(cls, table: Mapping[str, Any], path: str) -> "TrainConfig":
+    def from_table(cls, table: Mapping[str, Any], path: str) -> TrainConfig:
         """Parse and validate a `[train]` table; bad input raises SpecError(path, "train.<key>", ...)."""
         if not isinstance(table, Mapping):
             raise SpecError(path, "train", "must be a table")

@@ -39,6 +39,6 @@ def test_bad_input_names_file_and_field(table, field, words):
 def test_config_imports_without_torch():
     code = ("import sys; sys.modules['torch'] = None; sys.modules['deepspeed'] = None\n"
             "from ggpo_batch.train.config import TrainConfig; print(TrainConfig.from_table({}, 'x').zero_stage)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"

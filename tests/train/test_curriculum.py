@@ -1,11 +1,10 @@
 import pytest
 
 from ggpo_batch.errors import SpecError
+from ggpo_batch.runspec import ArmSpec
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.curriculum import Curriculum
 from ggpo_batch.train.task import synthetic
-
-from ggpo_batch.runspec import ArmSpec
 
 DATA = synthetic(TrainConfig())
 T = ("train_direct", "train_role")

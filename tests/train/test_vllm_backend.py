@@ -5,9 +5,9 @@ import torch
 
 pytest.importorskip("vllm")
 
-from ggpo_batch.train.config import TrainConfig  # noqa: E402
-from ggpo_batch.train.model import build_model, logprobs_of  # noqa: E402
-from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode  # noqa: E402
+from ggpo_batch.train.config import TrainConfig
+from ggpo_batch.train.model import build_model, logprobs_of
+from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -20,13 +20,13 @@ import time
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import torch  # noqa: E402
+import torch
 
-from ggpo_batch.runspec import ArmSpec, RunSpec  # noqa: E402
-from ggpo_batch.train.config import TrainConfig  # noqa: E402
-from ggpo_batch.train.model import build_model  # noqa: E402
-from ggpo_batch.train.task import TEMPLATES, reward, synthetic  # noqa: E402
-from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH  # noqa: E402
+from ggpo_batch.runspec import ArmSpec, RunSpec
+from ggpo_batch.train.config import TrainConfig
+from ggpo_batch.train.model import build_model
+from ggpo_batch.train.task import TEMPLATES, reward, synthetic
+from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH
 
 
 def byte_tokenizer():
