@@ -135,6 +135,9 @@ class TrainingJob(submitit.helpers.Checkpointable):
                 budget_seconds=spec.loop_budget_seconds, last_batch_seconds=st.last_batch_seconds, gpus=spec.gpus,
                 training_seconds=training_seconds, audit_seconds=audit_seconds,
                 evaluation_seconds=evaluation_seconds, elapsed_seconds=elapsed)
+            shared = [record]
+            dist.broadcast_object_list(shared, src=0)  # every rank returns rank 0's record (its clocks)
+            record = shared[0]
             if rank == 0:
                 require_valid(run_key(spec.seed, spec.arm.name), record)
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
