@@ -229,9 +229,10 @@ class Trainer:
         # One reduction carries the step's figures and the rank's loop time (ranks stop together).
         step_seconds = time.perf_counter() - t0
         red = torch.tensor([float(loss.detach()), adv.retained_groups, gaps, gen_tokens,
-                            sum(len(ts) for ts in trajs), step_seconds], dtype=torch.float64, device=self.device)
-        dist.all_reduce(red[:5], op=dist.ReduceOp.SUM)
-        mx = red[5:].clone()
+                            sum(len(ts) for ts in trajs), len(groups), step_seconds], dtype=torch.float64,
+                           device=self.device)
+        dist.all_reduce(red[:6], op=dist.ReduceOp.SUM)
+        mx = red[6:].clone()
         dist.all_reduce(mx, op=dist.ReduceOp.MAX)
         step_seconds = float(mx[0])
         st.loop_seconds += step_seconds
@@ -249,7 +250,7 @@ class Trainer:
         st.history.append({
             "step": st.step, "loss": float(red[0]) / self.world,
             "gradient_norm": float(grad_norm) if grad_norm is not None else None,
-            "retained_groups": retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
+            "retained_groups": retained, "rejected_groups": int(red[5]) - retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
             "mean_length": float(red[3]) / max(1.0, float(red[4])), "reference_refreshed": refreshed,
             "branch": f"deepspeed_zero{cfg.zero_stage}", "loop_seconds": st.loop_seconds,
         })

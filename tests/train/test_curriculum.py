@@ -1,5 +1,9 @@
 import pytest
 
+pytest.importorskip("torch")
+pytest.importorskip("bm25s")
+pytestmark = pytest.mark.train
+
 from ggpo_batch.errors import SpecError
 from ggpo_batch.runspec import ArmSpec
 from ggpo_batch.train.config import TrainConfig

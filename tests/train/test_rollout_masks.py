@@ -1,6 +1,10 @@
 """Rollouts and the loss mask: the sampler's log-probs, tool tokens planted and kept out of the mask."""
 
-import torch
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("bm25s")
+pytestmark = pytest.mark.train
 
 from ggpo_batch.train.audit import StepEvidence, audit
 from ggpo_batch.train.config import TrainConfig

@@ -2,6 +2,10 @@ import json
 
 import pytest
 
+pytest.importorskip("torch")
+pytest.importorskip("bm25s")
+pytestmark = pytest.mark.train
+
 from ggpo_batch.errors import SpecError
 from ggpo_batch.train import task
 from ggpo_batch.train.config import TrainConfig

@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
 
 from ggpo_batch.record import check_run_record, run_key
 from ggpo_batch.train.config import TrainConfig
