@@ -8,11 +8,13 @@ are the ledger's business. `memory://` gives an in-process fakeredis whose jobs 
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
+import os
+import socket
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Sequence
 
 from redis import Redis
-from rq import Queue
+from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
@@ -116,10 +118,36 @@ class RunQueue:
         reg = ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
         return {self.run_key_of(j) for j in self._jobs(reg.get_job_ids())}
 
-    def started(self) -> dict[str, str | None]:
-        """Run key -> worker name, for jobs a worker is executing now."""
+    def started(self, *, alive_only: bool = False) -> dict[str, str | None]:
+        """Run key -> worker name, for jobs a worker is executing (with `alive_only`, a live worker).
+
+        A worker SIGKILLed with its work horse leaves its job in the started registry until RQ's
+        maintenance reaps it (90 s to 11 min, FACTS.md), so liveness is checked on the worker itself.
+        """
         reg = StartedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
-        return {self.run_key_of(j): j.worker_name for j in self._jobs(reg.get_job_ids())}
+        out = {self.run_key_of(j): j.worker_name for j in self._jobs(reg.get_job_ids())}
+        if alive_only:
+            out = {k: w for k, w in out.items() if w and self.worker_alive(w)}
+        return out
+
+    def worker_alive(self, name: str) -> bool:
+        """Is the RQ worker `name` still there: its process on this host, or a fresh heartbeat elsewhere."""
+        w = Worker.find_by_key(Worker.redis_worker_namespace_prefix + name, connection=self.connection)
+        if w is None:
+            return False
+        if w.hostname == socket.gethostname() and w.pid:
+            try:
+                os.kill(w.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                return True
+            return True
+        beat = w.last_heartbeat
+        if beat is None:
+            return False
+        age = (datetime.now(timezone.utc) - beat.replace(tzinfo=timezone.utc)).total_seconds()
+        return age < (w.worker_ttl or 420) + 60
 
     def failed(self) -> dict[str, str]:
         """Run key -> RQ's failure text (e.g. a work-horse killed by a signal)."""

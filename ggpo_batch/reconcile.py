@@ -53,7 +53,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     by_name = {q.name: q for q in queues}
     busy: dict[str, str | None] = {}
     for q in queues:
-        busy.update(q.started())
+        busy.update(q.started(alive_only=True))
 
     active = [(r, a) for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names]
     groups: dict[str, list[tuple[Run, Attempt]]] = defaultdict(list)
