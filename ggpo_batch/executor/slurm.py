@@ -24,7 +24,7 @@ from ..errors import ExecutorError
 from ..runspec import RunSpec
 from .base import Executor, JobInfo, job_name
 from .profile import SlurmProfile
-from .sacct import JobAccount, Runner, Sacct, run_command
+from .sacct import JobAccount, Runner, Sacct, normalize_state, run_command
 
 log = logging.getLogger(__name__)
 
@@ -95,10 +95,14 @@ class SlurmExecutor(Executor):
         return self.find_by(job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt))
 
     def find_by(self, name: str, comment: str) -> str | None:
-        """The id of a job with this name and comment: squeue first (live jobs), then sacct."""
+        """The id of a job with this name and comment: squeue first, then sacct.
+
+        `squeue -t all` also lists jobs that ended within the controller's MinJobAge, which covers
+        the second or so slurmdbd lags behind; sacct covers everything older.
+        """
         _check_name(name, comment)
         self.squeue_calls += 1
-        out = self.runner(["squeue", "-h", "--name", name, "-o", "%i|%j|%k"])
+        out = self.runner(["squeue", "-h", "-t", "all", "--name", name, "-o", "%i|%j|%k"])
         ids = []
         for line in out.splitlines():
             job_id, _, rest = line.partition("|")
@@ -166,8 +170,30 @@ class SlurmExecutor(Executor):
     # -- state ----------------------------------------------------------------------------------
 
     def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
-        """One sacct call for all ids; `restarts` counts requeues of each job."""
-        return {k: a.latest for k, a in self.accounts(job_ids).items()}
+        """One sacct call for all ids; `restarts` counts requeues of each job.
+
+        slurmdbd learns of a job a moment after sbatch returns: ids sacct does not know yet are
+        asked of the controller in one squeue call, so a fresh job is never mistaken for a lost one.
+        """
+        ids = sorted({str(j) for j in job_ids})
+        infos = {k: a.latest for k, a in self.accounts(ids).items()}
+        missing = [j for j in ids if j not in infos]
+        if missing:
+            infos.update(self._squeue_states(missing))
+        return infos
+
+    def _squeue_states(self, ids: list[str]) -> dict[str, JobInfo]:
+        self.squeue_calls += 1
+        try:
+            out = self.runner(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+        except ExecutorError:
+            return {}  # squeue refuses a list with no id it knows: none of them is known anywhere
+        infos = {}
+        for line in out.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id in ids:
+                infos[job_id] = JobInfo(job_id=job_id, state=normalize_state(state))
+        return infos
 
     def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
         """One sacct call for all ids, with every run (segment) of each job for the ledger."""
