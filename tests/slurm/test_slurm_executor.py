@@ -151,7 +151,10 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
     while not log.exists() and time.monotonic() < end:
         time.sleep(0.2)
     submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)  # SIGTERM + USR2, as a preemption
-    info = wait_for(executor, job_id, lambda i: i.final and i.restarts >= 1, 240)
+    wait_for(executor, job_id, lambda i: i.restarts >= 1 and i.state == "PENDING", 60)
+    # slurmctld holds a requeued job for 120 s (BeginTime); release it so the test stays short
+    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
+    info = wait_for(executor, job_id, lambda i: i.final and i.restarts >= 1, 120)
     assert info.state == "COMPLETED", info
     acc = executor.accounts([job_id])[job_id]
     assert len(acc.segments) == 2 and acc.segments[0].state in ("PENDING", "PREEMPTED")
