@@ -61,8 +61,10 @@ class Executor(abc.ABC):
         """Start the attempt; return the scheduler's job id. Must not submit twice for one (run, attempt)."""
 
     @abc.abstractmethod
-    def find(self, spec: RunSpec, attempt: int) -> str | None:
-        """The job id of an already-submitted (run, attempt), if the scheduler knows one."""
+    def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:
+        """The job id of an already-submitted (run, attempt), if the scheduler knows one.
+
+        `folder` is the attempt's folder (backends without a scheduler keep their marker there)."""
 
     @abc.abstractmethod
     def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:

@@ -1,0 +1,111 @@
+"""What the end of an attempt means for its run: one place that maps a scheduler's final state
+(and the run's result record) onto ledger transitions, used by the worker and by reconcile.
+
+Infrastructure failures (preemption, node failure, a lost allocation) may be retried when the
+spec allows `retries = N`; a training error, a TIMEOUT or a bad record never is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .executor.base import INFRASTRUCTURE_STATES, JobInfo
+from .ledger import Ledger
+from .ledger.schema import Attempt, Run
+from .record import check_run_record, run_key as record_key
+
+log = logging.getLogger(__name__)
+
+RECORD_NAME = "record.json"
+
+_ATTEMPT_STATE = {
+    "COMPLETED": "succeeded",
+    "FAILED": "failed",
+    "OUT_OF_MEMORY": "failed",
+    "TIMEOUT": "timeout",
+    "DEADLINE": "timeout",
+    "CANCELLED": "cancelled",
+    "PREEMPTED": "preempted",
+    "NODE_FAIL": "node_fail",
+    "BOOT_FAIL": "node_fail",
+    "LOST": "lost",
+}
+_RUN_STATE = {"succeeded": "succeeded", "failed": "failed", "timeout": "timeout", "cancelled": "cancelled",
+              "preempted": "failed", "node_fail": "failed", "lost": "lost"}
+
+
+def attempt_folder(jobs_dir: Path, run_key: str, number: int) -> Path:
+    return Path(jobs_dir) / run_key / f"attempt-{number}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    attempt_state: str
+    run_state: str | None  # None: the run is re-queued (infrastructure retry) or already final
+    reason: str | None
+    record: dict[str, Any] | None
+    retry: bool
+
+
+def _read_record(folder: Path, run: Run) -> tuple[dict[str, Any] | None, str | None]:
+    path = folder / RECORD_NAME
+    if not path.exists():
+        return None, "the job ended without writing its result record"
+    try:
+        rec = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        return None, f"result record unreadable: {exc}"
+    problems = check_run_record(record_key(run.seed, run.arm), rec)
+    if problems:
+        return None, "result record invalid: " + "; ".join(problems[:3])
+    return rec, None
+
+
+def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
+    """The transitions an attempt's end implies (pure: reads the record, writes nothing)."""
+    state = _ATTEMPT_STATE.get(info.state, "failed")
+    reason = None if info.state == "COMPLETED" else f"{info.state}" + (f" (exit {info.exit_code})" if info.exit_code
+                                                                         else "")
+    record = None
+    if state == "succeeded":
+        record, problem = _read_record(folder, run)
+        if problem:
+            state, reason = "failed", problem
+    if run.state in ("cancelled",):
+        return Outcome(state, None, reason, record, retry=False)
+    infra = info.state in INFRASTRUCTURE_STATES
+    used = sum(1 for a in run.attempts if a.state in ("preempted", "node_fail", "lost")) + (1 if infra else 0)
+    if infra and used <= run.retries_allowed:
+        reason = f"{reason}; infrastructure retry {used}/{run.retries_allowed}"
+        return Outcome(state, None, reason, record, retry=True)
+    return Outcome(state, _RUN_STATE[state], reason, record, retry=False)
+
+
+def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str) -> Outcome:
+    """Book the end of `attempt`: state, times, both GPU-hour figures, result; re-queue if allowed."""
+    out = decide(run, attempt, info, folder)
+    job_gh = None
+    elapsed = info.elapsed_seconds
+    if out.record is not None:
+        timing = out.record["timing"]
+        job_gh = timing["allocated_gpu_hours_through_evaluation"]
+        elapsed = elapsed if elapsed is not None else timing["elapsed_seconds"]
+    elif elapsed is not None:
+        job_gh = attempt.gpus * elapsed / 3600.0
+    ledger.mark_finished(run.run_key, attempt.number, attempt_state=out.attempt_state, run_state=out.run_state,
+                         actor=actor, reason=out.reason, started_at=info.start, ended_at=info.end,
+                         elapsed_seconds=elapsed, gpu_hours_job=job_gh, gpu_hours_scheduler=info.gpu_hours,
+                         scheduler_state=info.state, exit_code=info.exit_code, result=out.record)
+    rec_path = folder / RECORD_NAME
+    if out.record is not None:
+        ledger.record_artifact(path=str(rec_path), sha256=hashlib.sha256(rec_path.read_bytes()).hexdigest(),
+                               size_bytes=rec_path.stat().st_size, kind="run_record", run_id=run.id)
+    if out.retry:
+        ledger.requeue(run.run_key, actor=actor, reason=out.reason or "infrastructure retry")
+    log.info("run %s attempt %d: %s -> run %s", run.run_key, attempt.number, info.state, out.run_state or "re-queued")
+    return out

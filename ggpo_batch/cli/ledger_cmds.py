@@ -1,0 +1,134 @@
+"""Commands over the ledger: db, ledger import, status."""
+
+from __future__ import annotations
+
+import click
+
+from ..config import redact
+from . import App, cli, echo_json, pass_app
+from .tables import print_status
+
+
+@cli.group()
+def db() -> None:
+    """Create, migrate and inspect the ledger database (Alembic)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True, help="Target revision.")
+@pass_app
+def db_upgrade(app: App, revision: str) -> None:
+    """Apply migrations up to REVISION (creates the SQLite file if needed)."""
+    from ..ledger.db import current_revision, make_engine, upgrade
+
+    engine = make_engine(app.settings.db_url)
+    before = current_revision(engine)
+    upgrade(engine, revision)
+    after = current_revision(engine)
+    where = redact(engine.url.render_as_string(hide_password=True))
+    click.echo(f"ledger {where}: {before or 'empty'} -> {after}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@click.option("--yes", is_flag=True, help="Do not ask; downgrading to 'base' drops every table.")
+@pass_app
+def db_downgrade(app: App, revision: str, yes: bool) -> None:
+    """Revert migrations down to REVISION ('base' = empty database)."""
+    from ..ledger.db import current_revision, downgrade, make_engine
+
+    if not yes:
+        click.confirm(f"Downgrade the ledger to {revision}? Data in dropped tables is lost", abort=True)
+    engine = make_engine(app.settings.db_url)
+    before = current_revision(engine)
+    downgrade(engine, revision)
+    click.echo(f"ledger: {before} -> {current_revision(engine) or 'base'}")
+
+
+@db.command("current")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def db_current(app: App, as_json: bool) -> None:
+    """Show the schema revision of the ledger and the one this code needs."""
+    from ..ledger.db import current_revision, head_revision, make_engine
+
+    engine = make_engine(app.settings.db_url)
+    info = {"url": redact(engine.url.render_as_string(hide_password=True)), "current": current_revision(engine),
+            "head": head_revision()}
+    if as_json:
+        echo_json(info)
+    else:
+        click.echo(f"{info['url']}: at {info['current'] or 'empty'}, code needs {info['head']}")
+
+
+@cli.group()
+def ledger() -> None:
+    """Import results into, and export from, the ledger."""
+
+
+@ledger.command("import")
+@click.argument("file", type=click.Path(dir_okay=True, path_type=str))
+@click.option("--name", help="Experiment name (default: the file name without extension).")
+@click.option("--method", default="ggpo", show_default=True, help="Method that produced the file.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def ledger_import(app: App, file: str, name: str | None, method: str, as_json: bool) -> None:
+    """Load a results FILE (seed-000 schema, keyed "<seed>/<arm>") as a finished experiment.
+
+    Every record is checked first (schema; GPU-hours = gpus x elapsed / 3600; overshoot = loop -
+    budget); any broken record refuses the whole file. Importing the same file again changes nothing.
+    """
+    from ..importer import import_results
+
+    rep = import_results(app.ledger(), file, actor=app.settings.user, name=name, method=method)
+    if as_json:
+        echo_json(rep.__dict__)
+        return
+    verb = "imported" if rep.created else "already in the ledger, nothing changed:"
+    click.echo(f"{verb} {rep.experiment} v{rep.version}: {rep.runs} runs, "
+               f"{rep.total_gpu_hours:.4f} allocated GPU-hours through evaluation")
+
+
+@cli.command()
+@click.option("--experiment", "-e", help="Only this experiment (all its versions).")
+@click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+@pass_app
+def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool) -> None:
+    """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
+    from ..ledger.schema import RUN_STATES
+    from ..status import experiment_status
+
+    bad = [s for s in states if s not in RUN_STATES]
+    if bad:
+        raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
+    led = app.ledger()
+    data = experiment_status(led, experiment=experiment, states=states or None,
+                             queue_info=_queue_info(app, {e.queue or app.settings.queue for e in led.experiments(experiment)
+                                                          if e.source == "spec"}))
+    if as_json:
+        echo_json({"experiments": data})
+    else:
+        print_status(data)
+
+
+def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
+    """Run key -> queue position / RQ worker, from Redis; empty (with a warning) if Redis is down."""
+    if not queues or app.settings.redis_url.startswith("memory://"):
+        return {}
+    from ..queue import RunQueue
+
+    info: dict[str, dict] = {}
+    try:
+        for name in sorted(queues):
+            q = RunQueue.from_url(app.settings.redis_url, name)
+            for key, pos in q.waiting().items():
+                info[key] = {"queue_position": pos, "queue": name}
+            for key in q.scheduled():
+                info.setdefault(key, {"queue_position": None, "queue": name, "deferred": True})
+            for key, worker in q.started().items():
+                info.setdefault(key, {"queue": name})["rq_worker"] = worker
+    except Exception as exc:  # status must still show the ledger when Redis is down
+        click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
+        return {}
+    return info

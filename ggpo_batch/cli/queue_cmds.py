@@ -1,0 +1,169 @@
+"""Commands over the queue: enqueue, worker, cancel, retry, reconcile."""
+
+from __future__ import annotations
+
+import click
+
+from . import App, cli, echo_json, pass_app
+
+
+def _csv(value: str | None) -> list[str] | None:
+    return [v.strip() for v in value.split(",") if v.strip()] if value else None
+
+
+def _seeds(value: str | None) -> list[int] | None:
+    items = _csv(value)
+    if items is None:
+        return None
+    try:
+        return [int(s) for s in items]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: seeds are integers, comma-separated", param_hint="--seeds") from None
+
+
+@cli.command()
+@click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=str))
+@click.option("--arms", help="Only these arms (comma-separated).")
+@click.option("--seeds", help="Only these seeds (comma-separated).")
+@click.option("--queue", help="Queue name (default: the spec's, else GGPO_QUEUE).")
+@click.option("--dry-run", is_flag=True, help="Print the runs and their cost estimate; write nothing.")
+@click.option("--new-version", is_flag=True, help="The spec changed on purpose: start a new experiment version.")
+@click.option("--accept-cost", is_flag=True, help="Queue even over a GPU-hour cap (needs --reason).")
+@click.option("--reason", help="Why the cost is accepted (recorded in the ledger).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue: str | None, dry_run: bool,
+            new_version: bool, accept_cost: bool, reason: str | None, as_json: bool) -> None:
+    """Expand SPEC (jobs/*.toml) into arm x seed runs, record them in the ledger and queue them.
+
+    Enqueueing the same spec again adds nothing. A changed spec under the same experiment name is
+    refused with a diff unless --new-version. Over a GPU-hour cap nothing is queued and the
+    decision is recorded (exit code 3) unless --accept-cost --reason TEXT.
+    """
+    from ..enqueue import enqueue_spec
+    from ..spec import load_spec
+
+    if accept_cost and not (reason and reason.strip()):
+        raise click.UsageError("--accept-cost needs --reason TEXT")
+    spec = load_spec(spec_file)
+    res = enqueue_spec(app.ledger(), app.settings, spec, arms=_csv(arms), seeds=_seeds(seeds), queue=queue,
+                       dry_run=dry_run, new_version=new_version, accept_cost_reason=reason if accept_cost else None,
+                       actor=app.settings.user)
+    est = {e.run_key: e for e in res.estimate.runs} if res.estimate else {}
+    if as_json:
+        echo_json({"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
+                   "runs": [{"run_key": r.run_key, "arm": r.arm.name, "seed": r.seed, "gpus": r.gpus,
+                             "new": r.run_key in res.new_runs,
+                             "estimated_gpu_hours": est[r.run_key].gpu_hours if r.run_key in est else None}
+                            for r in res.runs],
+                   "enqueued": res.enqueued,
+                   "estimated_gpu_hours": res.estimate.total_gpu_hours if res.estimate else None,
+                   "cost_basis": res.estimate.cost_basis if res.estimate else None,
+                   "within_caps": res.cap.ok if res.cap else None})
+        return
+    for r in res.runs:
+        e = est.get(r.run_key)
+        mark = "new" if r.run_key in res.new_runs else "exists"
+        click.echo(f"  {r.run_key:<48} {r.gpus} GPUs  {e.gpu_hours if e else 0:8.3f} GPU-h est  ({mark})")
+    if res.estimate:
+        click.echo(f"estimate: {res.estimate.total_gpu_hours:.3f} GPU-hours for {len(res.estimate.runs)} new run(s) "
+                   f"({res.estimate.cost_basis}); {res.cap.message if res.cap else ''}")
+    if res.dry_run:
+        click.echo("dry run: nothing written")
+    else:
+        click.echo(f"{res.experiment} v{res.version}: {res.enqueued} run(s) queued on {res.queue!r}, "
+                   f"{len(res.runs) - len(res.new_runs)} already in the ledger")
+
+
+@cli.command()
+@click.option("--queue", "queues", multiple=True, help="Queue(s) to work (default GGPO_QUEUE).")
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty and this queue's runs have ended.")
+@click.option("--name", help="Worker name (default: RQ's host.pid name).")
+@click.option("--reconcile-interval", default=30, show_default=True, type=click.IntRange(5, 3600),
+              help="Seconds between reconcile cycles (one per interval across all workers).")
+@pass_app
+def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, reconcile_interval: int) -> None:
+    """Take runs from the queue and submit them through their executor (slurm, local, debug).
+
+    The quota GGPO_QUEUE_GPU_QUOTA defers a run (re-queued after GGPO_DEFER_SECONDS, no attempt
+    counted) rather than failing it. Needs Redis; with GGPO_REDIS_URL=memory:// enqueue runs jobs inline.
+    """
+    from ..worker import run_worker
+
+    if app.settings.redis_url.startswith("memory://"):
+        raise click.UsageError("GGPO_REDIS_URL=memory:// runs jobs inside `enqueue`; a worker needs a Redis server")
+    app.ledger()  # refuse a schema that is behind before taking any job
+    run_worker(app.settings, list(queues) or [app.settings.queue], burst=burst, name=name,
+               reconcile_interval=reconcile_interval)
+
+
+@cli.command()
+@click.argument("run_key", required=False)
+@click.option("--experiment", "-e", help="Cancel every unfinished run of this experiment (all versions).")
+@click.option("--reason", help="Why (recorded).")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | None, as_json: bool) -> None:
+    """Cancel RUN_KEY, or every unfinished run of --experiment: queued jobs removed, allocations scancelled."""
+    from ..control import cancel_runs
+
+    if bool(run_key) == bool(experiment):
+        raise click.UsageError("give a RUN_KEY or --experiment, not both")
+    led = app.ledger()
+    if experiment:
+        exps = led.experiments(experiment)
+        if not exps:
+            raise click.BadParameter(f"no experiment {experiment!r}", param_hint="--experiment")
+        keys = [r.run_key for e in exps for r in led.runs(experiment_id=e.id, states=["queued", "submitted",
+                                                                                          "running"])]
+    else:
+        keys = [led.get_run(run_key).run_key]  # type: ignore[arg-type]
+    done = cancel_runs(led, app.settings, keys, actor=app.settings.user, reason=reason)
+    if as_json:
+        echo_json([c.__dict__ for c in done])
+        return
+    for c in done:
+        click.echo(f"cancelled {c.run_key} (was {c.was}" + (f", job {c.cancelled_job}" if c.cancelled_job else "") + ")")
+    if not done:
+        click.echo("nothing to cancel")
+
+
+@cli.command()
+@click.argument("run_key")
+@click.option("--reason", required=True, help="Why this run is tried again (recorded with your user name).")
+@pass_app
+def retry(app: App, run_key: str, reason: str) -> None:
+    """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors."""
+    from ..control import retry_run
+
+    n = retry_run(app.ledger(), app.settings, run_key, actor=app.settings.user, reason=reason)
+    click.echo(f"{run_key}: queued for attempt {n}")
+
+
+@cli.command()
+@click.option("--queue", "queues", multiple=True, help="Queue(s) to reconcile (default GGPO_QUEUE).")
+@click.option("--wait", is_flag=True, help="Repeat until no attempt of these queues is active.")
+@click.option("--timeout", default=3600.0, show_default=True, help="Seconds --wait waits at most.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@pass_app
+def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_json: bool) -> None:
+    """Make the ledger agree with Slurm/local jobs, and Redis agree with the ledger (idempotent).
+
+    Ended allocations are booked with their GPU-hours; a worker that died while submitting is
+    resolved (the scheduler has the job: submitted; it does not: lost); queued runs missing from
+    Redis (after a flush or restart) are put back.
+    """
+    from ..worker import reconcile_now, wait_settled
+
+    app.ledger()
+    names = list(queues) or [app.settings.queue]
+    if wait:
+        left = wait_settled(app.settings, names, timeout=timeout, actor=f"reconcile@{app.settings.user}")
+        if left:
+            raise click.ClickException(f"{left} attempt(s) still active after {timeout:.0f} s")
+    rep = reconcile_now(app.settings, names, actor=f"reconcile@{app.settings.user}")
+    if as_json:
+        echo_json(rep.__dict__)
+    else:
+        click.echo(f"polled {rep.polled}, ended {rep.ended}, started {rep.started}, resolved "
+                   f"{rep.resolved_submitting} unsubmitted, re-queued {rep.requeued}; {rep.active} active")

@@ -1,0 +1,59 @@
+"""Terminal tables (rich) for the CLI; nothing here computes, it only lays out."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+
+def _f(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def print_status(experiments: Sequence[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    if not experiments:
+        console.print("no experiments in the ledger (ggpo-batch enqueue SPEC, or ggpo-batch ledger import FILE)")
+        return
+    for exp in experiments:
+        t = Table(title=f"{exp['experiment']} v{exp['version']}  ({exp['method']}, {exp['source']}, "
+                        f"{exp['gpus']} GPUs/run)", title_justify="left")
+        for col, just in (("arm", "left"), ("seed", "right"), ("state", "left"), ("attempts", "right"),
+                          ("steps", "right"), ("elapsed s", "right"), ("alloc GPU-h", "right"), ("note", "left")):
+            t.add_column(col, justify=just)  # type: ignore[arg-type]
+        for r in exp["runs"]:
+            note = []
+            if r.get("queue_position") is not None:
+                note.append(f"queue #{r['queue_position']}")
+            if r.get("worker"):
+                note.append(f"worker {r['worker']}")
+            if r.get("job_id"):
+                note.append(f"job {r['job_id']}")
+            if r.get("accounting_disagreement"):
+                note.append("GPU-h job/slurm disagree >1%")
+            if r.get("cause"):
+                note.append(str(r["cause"])[:60])
+            t.add_row(r["arm"], str(r["seed"]), r["state"], str(r["attempts"]), _f(r["steps"]),
+                      _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), "; ".join(note))
+        t.add_section()
+        for arm, tot in exp["arms"].items():
+            t.add_row(f"[b]{arm}[/b] total", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
+                      _f(tot["allocated_gpu_hours"], 4), "")
+        tot = exp["totals"]
+        t.add_section()
+        t.add_row("[b]experiment total[/b]", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
+                  f"[b]{_f(tot['allocated_gpu_hours'], 4)}[/b]", "")
+        console.print(t)
+        for d in exp.get("decisions", []):
+            console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}")
+
+
+def _states(states: dict[str, int]) -> str:
+    return ", ".join(f"{n} {s}" for s, n in states.items())

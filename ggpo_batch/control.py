@@ -1,0 +1,65 @@
+"""Cancel and retry: decisions a person makes about runs, recorded with who and why."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .config import Settings
+from .errors import LedgerError
+from .executor import make_executor
+from .ledger import Ledger
+from .queue import RunQueue
+from .runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = ("failed", "timeout", "lost", "cancelled")
+
+
+@dataclass(frozen=True)
+class CancelResult:
+    run_key: str
+    was: str
+    removed_jobs: int
+    cancelled_job: str | None
+
+
+def cancel_runs(ledger: Ledger, settings: Settings, run_keys: list[str], *, actor: str,
+                reason: str | None = None) -> list[CancelResult]:
+    """Cancel runs: waiting RQ jobs are removed, allocations cancelled (scancel), the run marked cancelled.
+
+    A run that already ended is left alone. The cancelled allocation's GPU-hours are booked by the
+    next reconcile, from the scheduler's accounting.
+    """
+    out = []
+    for key in run_keys:
+        run = ledger.get_run(key)
+        if run.state not in ("queued", "submitted", "running"):
+            continue
+        queue = RunQueue.from_url(settings.redis_url, run.experiment.queue or settings.queue)
+        removed = queue.remove(key)
+        job = None
+        last = run.attempts[-1] if run.attempts else None
+        if last is not None and last.job_id and last.state in ("submitted", "running"):
+            spec = RunSpec.from_dict(run.run_spec)
+            make_executor(last.executor, jobs_dir=settings.jobs_dir, profile=spec.profile).cancel(last.job_id)
+            job = last.job_id
+        ledger.mark_cancelled(key, actor=actor, reason=reason or f"cancelled by {actor}")
+        out.append(CancelResult(key, run.state, removed, job))
+        log.info("cancelled %s (was %s, job %s)", key, run.state, job)
+    return out
+
+
+def retry_run(ledger: Ledger, settings: Settings, run_key: str, *, actor: str, reason: str) -> int:
+    """Queue a new attempt of an ended run by hand; returns the number the next attempt will get."""
+    if not reason.strip():
+        raise LedgerError("a retry needs --reason: re-running until a seed works is selection")
+    run = ledger.get_run(run_key)
+    if run.state not in RETRYABLE:
+        raise LedgerError(f"run {run_key} is {run.state}; only {', '.join(RETRYABLE)} runs can be retried")
+    ledger.requeue(run_key, actor=actor, reason=f"manual retry: {reason.strip()}")
+    queue = RunQueue.from_url(settings.redis_url, run.experiment.queue or settings.queue)
+    queue.forget([run_key])
+    queue.enqueue([run_key])
+    return len(run.attempts) + 1

@@ -1,0 +1,99 @@
+"""Enqueue: spec -> cost guard -> ledger (runs queued) -> RQ jobs. Idempotent on the spec hash.
+
+The ledger is written before Redis: a crash in between leaves runs queued in the ledger with no
+job, which `reconcile` puts back on the queue. Nothing is queued over a cost cap unless the
+cost is accepted with a reason; the refusal itself is a ledger decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from . import costguard
+from .config import Settings
+from .errors import CostCapExceeded, SpecError
+from .ledger import Ledger
+from .ledger.ledger import NewRun
+from .queue import RunQueue
+from .runspec import RunSpec
+from .spec import ExperimentSpec, spec_diff
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EnqueueResult:
+    experiment: str
+    version: int
+    queue: str
+    runs: list[RunSpec]
+    new_runs: list[str] = field(default_factory=list)
+    enqueued: int = 0
+    dry_run: bool = False
+    estimate: costguard.Estimate | None = None
+    cap: costguard.CapCheck | None = None
+
+
+def _new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
+    return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
+                  run_spec=_as_dict(r), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
+
+
+def _as_dict(r: RunSpec) -> dict:
+    import json
+
+    return json.loads(r.to_json())
+
+
+def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, arms: Sequence[str] | None = None,
+                 seeds: Sequence[int] | None = None, queue: str | None = None, dry_run: bool = False,
+                 new_version: bool = False, accept_cost_reason: str | None = None,
+                 actor: str) -> EnqueueResult:
+    """Put the spec's runs (or a subset) on the queue; see the module docstring."""
+    queue_name = queue or spec.queue or settings.queue
+    latest = ledger.latest_experiment(spec.name)
+    if latest is not None and latest.spec_hash != spec.spec_hash and latest.source == "spec":
+        if not new_version:
+            diff = spec_diff(latest.spec, spec.canonical())
+            raise SpecError(spec.path, "", f"experiment {spec.name!r} v{latest.version} exists with a different "
+                            f"spec ({'; '.join(diff[:8])}); pass --new-version to start v{latest.version + 1}")
+    elif latest is not None and latest.source != "spec":
+        raise SpecError(spec.path, "experiment.name", f"{spec.name!r} is an imported experiment; choose another name")
+    same = latest is not None and latest.spec_hash == spec.spec_hash
+    version = latest.version if same else (latest.version + 1 if latest else 1)
+    runs = spec.expand(version, arms=arms, seeds=seeds)
+    existing = {r.run_key: r for r in ledger.runs(experiment_id=latest.id)} if same and latest else {}
+    todo = [r for r in runs if r.run_key not in existing]
+    decided = [r for r in runs if r.run_key in existing and existing[r.run_key].state == "not_reproduced"]
+    est = costguard.estimate(ledger, spec, todo + decided)
+    cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
+    res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
+    if dry_run or not (todo or decided):
+        return res
+    per_run = {e.run_key: e.gpu_hours for e in est.runs}
+    over = not cap.ok and not accept_cost_reason
+    state = "not_reproduced" if over else "queued"
+    why = f"not reproduced: {cap.message}" if over else None
+    if todo:
+        if same and latest is not None:
+            ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor, state=state, reason=why)
+        else:
+            ledger.create_experiment(name=spec.name, version=version, method=spec.method, source="spec",
+                                     spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, actor=actor,
+                                     runs=[_new_run(r, per_run) for r in todo], initial_state=state,
+                                     source_path=spec.path, queue=queue_name, max_gpu_hours=spec.max_gpu_hours,
+                                     reason=why)
+    if over:
+        costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor)
+        raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
+                              f"`enqueue --accept-cost --reason TEXT` overrides")
+    if not cap.ok:
+        costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
+    for r in decided:
+        ledger.requeue(r.run_key, actor=actor, reason=f"cost accepted: {accept_cost_reason}")
+    keys = [r.run_key for r in todo + decided]
+    res.enqueued = RunQueue.from_url(settings.redis_url, queue_name).enqueue(keys)
+    log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)
+    return res

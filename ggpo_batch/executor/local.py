@@ -1,0 +1,131 @@
+"""The `local` executor: submitit's LocalExecutor on this machine, N CPU ranks per run.
+
+A local job's id is its submitit controller's PID. The folder of each job is recorded in an
+index beside the job folders, so another process (reconcile, a restarted worker) can find and
+poll it; a job whose process is gone without a result file is reported LOST.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Iterable
+
+from ..errors import ExecutorError
+from ..runspec import RunSpec
+from .base import Executor, JobInfo
+from .payload import make_payload
+
+RECORD_NAME = "record.json"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive: it will never write its result
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _mtime(p: Path) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc)
+    except OSError:
+        return None
+
+
+class LocalExecutor(Executor):
+    """Runs each attempt as a local submitit job with `tasks` ranks (2 CPU ranks by default)."""
+
+    name = "local"
+
+    def __init__(self, jobs_dir: Path, *, tasks: int = 2, timeout_min: float = 24 * 60) -> None:
+        self.jobs_dir = Path(jobs_dir)
+        self.tasks = tasks
+        self.timeout_min = timeout_min
+        self._index = self.jobs_dir / ".local-index"
+        self._jobs: dict[str, object] = {}  # job id -> submitit LocalJob, for this process's own jobs
+
+    def _marker(self, folder: Path) -> Path:
+        return folder / "job_id"
+
+    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
+        existing = self.find(spec, attempt, folder)
+        if existing is not None:
+            return existing
+        import submitit
+
+        folder.mkdir(parents=True, exist_ok=True)
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0)
+        job = ex.submit(make_payload(spec, folder / RECORD_NAME))
+        job_id = str(job.job_id)
+        self._jobs[job_id] = job
+        self._index.mkdir(parents=True, exist_ok=True)
+        (self._index / job_id).write_text(str(folder))
+        tmp = self._marker(folder).with_suffix(".tmp")
+        tmp.write_text(job_id)
+        tmp.replace(self._marker(folder))
+        return job_id
+
+    def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:
+        if folder is None:
+            return None
+        marker = self._marker(folder)
+        return marker.read_text().strip() if marker.exists() else None
+
+    def folder_of(self, job_id: str) -> Path | None:
+        p = self._index / job_id
+        return Path(p.read_text()) if p.exists() else None
+
+    def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+        return {j: self._poll_one(j) for j in job_ids}
+
+    def _poll_one(self, job_id: str) -> JobInfo:
+        folder = self.folder_of(job_id)
+        if folder is None:
+            return JobInfo(job_id=job_id, state="LOST", exit_code="unknown local job")
+        result = folder / f"{job_id}_0_result.pkl"
+        start = _mtime(folder / f"{job_id}_submitted.pkl")
+        if result.exists():
+            end = _mtime(result)
+            try:
+                outcome, _value = pickle.loads(result.read_bytes())
+            except Exception:  # a torn write: the process died while writing
+                outcome = "error"
+            elapsed = (end - start).total_seconds() if start and end else None
+            state = "COMPLETED" if outcome == "success" else "FAILED"
+            return JobInfo(job_id=job_id, state=state, start=start, end=end, elapsed_seconds=elapsed,
+                           exit_code="0" if state == "COMPLETED" else "1")
+        job = self._jobs.get(job_id)
+        if job is not None:
+            running = job.state == "RUNNING"  # type: ignore[attr-defined]
+        else:
+            running = job_id.isdigit() and _alive(int(job_id))
+        if running:
+            return JobInfo(job_id=job_id, state="RUNNING", start=start)
+        return JobInfo(job_id=job_id, state="LOST", start=start, exit_code="process ended without a result")
+
+    def cancel(self, job_id: str) -> None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.cancel()  # type: ignore[attr-defined]
+            return
+        if job_id.isdigit() and _alive(int(job_id)):
+            import signal
+
+            try:
+                os.kill(int(job_id), signal.SIGINT)
+            except ProcessLookupError:
+                pass
+            return
+        if self.folder_of(job_id) is None:
+            raise ExecutorError(f"local job {job_id} is unknown")

@@ -1,0 +1,152 @@
+"""The RQ side of the system: one RQ job per run (job id = run key), on Redis.
+
+Redis holds only work waiting to start; the ledger decides what runs. Jobs carry data (the run
+key, serialized as JSON), never a pickled object, and are enqueued without an RQ Retry: retries
+are the ledger's business. `memory://` gives an in-process fakeredis whose jobs run inline.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Iterable, Sequence
+
+from redis import Redis
+from rq import Queue
+from rq.job import Job
+from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from .config import MEMORY_REDIS, redact
+from .errors import QueueError
+
+log = logging.getLogger(__name__)
+
+JOB_FUNC = "ggpo_batch.worker.execute_run"
+CHUNK = 500
+RESULT_TTL = 7 * 24 * 3600
+FAILURE_TTL = 30 * 24 * 3600
+# The RQ job only submits (an allocation is waited for by reconcile, not by the job), so an
+# hour is generous; RQ's 180 s default is too short for a slow sbatch under load.
+JOB_TIMEOUT = 3600
+
+_memory: Redis | None = None
+
+
+def connect(url: str) -> Redis:
+    """A Redis connection for `url` (redis://, rediss://, unix://, or memory://)."""
+    global _memory
+    if url == MEMORY_REDIS:
+        if _memory is None:
+            import fakeredis
+
+            _memory = fakeredis.FakeRedis()
+        return _memory
+    try:
+        conn = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+    except ValueError as exc:
+        raise QueueError(f"GGPO_REDIS_URL {redact(url)!r} is not a Redis URL: {exc}") from None
+    return conn
+
+
+class RunQueue:
+    """One named RQ queue of runs."""
+
+    def __init__(self, connection: Redis, name: str, *, inline: bool = False) -> None:
+        self.connection = connection
+        self.name = name
+        self.queue = Queue(name, connection=connection, serializer=JSONSerializer, is_async=not inline)
+
+    @classmethod
+    def from_url(cls, url: str, name: str) -> "RunQueue":
+        return cls(connect(url), name, inline=url == MEMORY_REDIS)
+
+    @property
+    def inline(self) -> bool:
+        return not self.queue.is_async
+
+    def _data(self, run_key: str, job_id: str) -> object:
+        return Queue.prepare_data(JOB_FUNC, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
+                                  result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, meta={"run_key": run_key},
+                                  description=f"ggpo run {run_key}")
+
+    def enqueue(self, run_keys: Sequence[str]) -> int:
+        """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued."""
+        n = 0
+        for i in range(0, len(run_keys), CHUNK):
+            chunk = run_keys[i:i + CHUNK]
+            if self.inline:
+                for key in chunk:  # inline: each job runs now, in this process
+                    self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
+                                            result_ttl=RESULT_TTL, meta={"run_key": key})
+                n += len(chunk)
+                continue
+            with self.connection.pipeline() as pipe:
+                self.queue.enqueue_many([self._data(k, k) for k in chunk], pipeline=pipe)  # type: ignore[list-item]
+                pipe.execute()
+            n += len(chunk)
+        return n
+
+    def defer(self, run_key: str, seconds: int, *, generation: int) -> str:
+        """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
+        job_id = f"{run_key}-deferred{generation}"
+        self.queue.enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
+                              result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, meta={"run_key": run_key})
+        return job_id
+
+    def _jobs(self, ids: Iterable[str]) -> list[Job]:
+        ids = list(ids)
+        if not ids:
+            return []
+        jobs = Job.fetch_many(ids, connection=self.connection, serializer=JSONSerializer)
+        return [j for j in jobs if j is not None]
+
+    @staticmethod
+    def run_key_of(job: Job) -> str:
+        return str(job.meta.get("run_key") or job.id)
+
+    def waiting(self) -> dict[str, int]:
+        """Run key -> 1-based position, for runs waiting on the queue."""
+        out: dict[str, int] = {}
+        for pos, job in enumerate(self._jobs(self.queue.get_job_ids()), start=1):
+            out.setdefault(self.run_key_of(job), pos)
+        return out
+
+    def scheduled(self) -> set[str]:
+        reg = ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+        return {self.run_key_of(j) for j in self._jobs(reg.get_job_ids())}
+
+    def started(self) -> dict[str, str | None]:
+        """Run key -> worker name, for jobs a worker is executing now."""
+        reg = StartedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+        return {self.run_key_of(j): j.worker_name for j in self._jobs(reg.get_job_ids())}
+
+    def failed(self) -> dict[str, str]:
+        """Run key -> RQ's failure text (e.g. a work-horse killed by a signal)."""
+        reg = FailedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+        out = {}
+        for j in self._jobs(reg.get_job_ids()):
+            info = (j.exc_info or "").strip().splitlines()
+            out[self.run_key_of(j)] = info[-1] if info else "failed"
+        return out
+
+    def present(self) -> set[str]:
+        """Run keys with a job waiting, scheduled or executing."""
+        return set(self.waiting()) | self.scheduled() | set(self.started())
+
+    def forget(self, run_keys: Sequence[str]) -> None:
+        """Delete old (failed or finished) job hashes of these runs, before they are enqueued again."""
+        for job in self._jobs(run_keys):
+            job.delete(remove_from_queue=True)
+
+    def remove(self, run_key: str) -> int:
+        """Delete every waiting or scheduled job of a run; returns how many."""
+        ids = set(self.queue.get_job_ids())
+        reg = ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+        ids |= set(reg.get_job_ids())
+        n = 0
+        for job in self._jobs(ids):
+            if self.run_key_of(job) == run_key:
+                job.delete(remove_from_queue=True)
+                n += 1
+        return n

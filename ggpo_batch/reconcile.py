@@ -1,0 +1,123 @@
+"""Reconcile: make the ledger agree with the executors, and Redis agree with the ledger.
+
+One cycle asks each executor about all its active attempts in ONE call (for Slurm: one sacct),
+books the ones that ended, settles attempts whose worker died while submitting (found by name:
+submitted; not found: lost), and re-queues runs the ledger has as queued but Redis has lost.
+Idempotent: a second cycle with nothing new changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Sequence
+
+from .attempts import attempt_folder, settle
+from .config import Settings
+from .errors import LedgerError
+from .executor import Executor, make_executor
+from .ledger import Ledger
+from .ledger.schema import Attempt, Run, utcnow
+from .queue import RunQueue
+from .runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+# A `submitting` attempt younger than this may still be in its worker's hands.
+STALE_SUBMITTING = timedelta(seconds=60)
+
+
+@dataclass
+class ReconcileReport:
+    polled: int = 0
+    ended: int = 0
+    started: int = 0
+    resolved_submitting: int = 0
+    requeued: int = 0
+    active: int = 0
+    executor_calls: dict[str, int] = field(default_factory=dict)
+
+
+def _queue_of(run: Run, settings: Settings) -> str:
+    return run.experiment.queue or settings.queue
+
+
+def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *, actor: str,
+              executors: dict[str, Executor] | None = None, stale_after: timedelta = STALE_SUBMITTING) -> ReconcileReport:
+    """One reconcile cycle over the runs of `queues` (all queues' attempts if `queues` is empty)."""
+    rep = ReconcileReport()
+    names = {q.name for q in queues}
+    executors = dict(executors or {})
+    by_name = {q.name: q for q in queues}
+    busy: dict[str, str | None] = {}
+    for q in queues:
+        busy.update(q.started())
+
+    active = [(r, a) for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names]
+    groups: dict[str, list[tuple[Run, Attempt]]] = defaultdict(list)
+    for run, att in active:
+        groups[att.executor].append((run, att))
+    for ex_name, pairs in groups.items():
+        ex = executors.get(ex_name)
+        if ex is None:
+            profile = RunSpec.from_dict(pairs[0][0].run_spec).profile
+            ex = executors[ex_name] = make_executor(ex_name, jobs_dir=settings.jobs_dir, profile=profile)
+        with_id = [(r, a) for r, a in pairs if a.job_id]
+        infos = ex.poll([a.job_id for _, a in with_id]) if with_id else {}  # ONE call per executor
+        rep.executor_calls[ex_name] = rep.executor_calls.get(ex_name, 0) + (1 if with_id else 0)
+        rep.polled += len(with_id)
+        for run, att in with_id:
+            info = infos.get(att.job_id)  # type: ignore[arg-type]
+            if info is None:
+                continue
+            try:
+                if info.final:
+                    out = settle(ledger, run, att, info, attempt_folder(settings.jobs_dir, run.run_key, att.number),
+                                 actor=actor)
+                    rep.ended += 1
+                    if out.retry and _queue_of(run, settings) in by_name:
+                        by_name[_queue_of(run, settings)].enqueue([run.run_key])
+                elif info.state == "RUNNING" and att.state == "submitted":
+                    ledger.mark_running(run.run_key, att.number, actor=actor, started_at=info.start)
+                    rep.started += 1
+            except LedgerError as exc:  # another reconciler got there first
+                log.info("reconcile %s: %s", run.run_key, exc.message)
+        for run, att in pairs:
+            if att.job_id or att.state != "submitting":
+                continue
+            if run.run_key in busy or utcnow() - att.created_at < stale_after:
+                continue  # its worker may still be submitting it
+            spec = RunSpec.from_dict(run.run_spec)
+            folder = attempt_folder(settings.jobs_dir, run.run_key, att.number)
+            job_id = ex.find(spec, att.number, folder)
+            try:
+                ledger.resolve_submitting(run.run_key, att.number, job_id=job_id, actor=actor,
+                                          reason="worker died while submitting; " + (
+                                              f"the scheduler has job {job_id}" if job_id else
+                                              "the scheduler never got it"))
+                rep.resolved_submitting += 1
+            except LedgerError as exc:
+                log.info("reconcile %s: %s", run.run_key, exc.message)
+
+    rep.requeued = _requeue_missing(ledger, settings, queues)
+    rep.active = sum(1 for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names)
+    return rep
+
+
+def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:
+    """Runs queued in the ledger with no job on Redis (e.g. after a Redis restart) go back on it."""
+    n = 0
+    for q in queues:
+        if q.inline:
+            continue
+        present = q.present()
+        missing = [r.run_key for r in ledger.runs(states=["queued"])
+                   if _queue_of(r, settings) == q.name and r.run_key not in present
+                   and not (r.attempts and r.attempts[-1].state == "submitting")]
+        if missing:
+            q.forget(missing)
+            n += q.enqueue(missing)
+            log.info("reconcile: re-queued %d run(s) missing from Redis queue %s", len(missing), q.name)
+    return n

@@ -1,0 +1,138 @@
+"""The RQ side of a worker: the job that submits one run, and the worker process around it.
+
+The job only submits (ledger row first, then the executor, then the job id into the ledger) and
+returns; ending attempts is reconcile's work, which every worker runs as an RQ maintenance task
+(under a Redis lock, so one worker per interval does it) and, in burst mode, until its runs end.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from typing import Any, Sequence
+
+from rq import Queue, Worker, get_current_job
+from rq.serializers import JSONSerializer
+
+from .attempts import attempt_folder, settle
+from .config import Settings, load_settings
+from .errors import LedgerError
+from .executor import make_executor
+from .ledger import Ledger, connect
+from .ledger.ledger import QuotaExceeded
+from .queue import RunQueue
+from .runspec import RunSpec
+
+log = logging.getLogger(__name__)
+
+RECONCILE_LOCK = "ggpo:reconcile-lock"
+
+
+def _worker_name() -> str:
+    job = get_current_job()
+    return (job.worker_name if job is not None and job.worker_name else None) or f"inline@{socket.gethostname()}"
+
+
+def execute_run(run_key: str) -> dict[str, Any]:
+    """RQ job: submit one attempt of a queued run. Settings come from the worker's environment."""
+    settings = load_settings()
+    ledger = connect(settings.db_url)
+    try:
+        return submit_run(ledger, settings, run_key, worker=_worker_name())
+    finally:
+        ledger.engine.dispose()
+
+
+def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
+    """Submit the next attempt of `run_key`, unless the ledger says it is not ours to submit."""
+    run = ledger.get_run(run_key)
+    if run.state != "queued":
+        log.info("run %s is %s: nothing to submit", run_key, run.state)
+        return {"run_key": run_key, "skipped": run.state}
+    spec = RunSpec.from_dict(run.run_spec)
+    queue_name = run.experiment.queue or settings.queue
+    inline = settings.redis_url.startswith("memory://")
+    quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
+    try:
+        att = ledger.begin_attempt(run_key, executor=spec.executor, gpus=spec.gpus, actor=settings.user,
+                                   worker=worker, quota=quota)
+    except QuotaExceeded as exc:
+        ledger.requeue(run_key, actor=settings.user, reason=f"deferred {settings.defer_seconds} s: {exc.message}")
+        RunQueue.from_url(settings.redis_url, queue_name).defer(run_key, settings.defer_seconds,
+                                                                generation=int(time.time() * 1000))
+        return {"run_key": run_key, "deferred": exc.message}
+    except LedgerError as exc:  # another worker holds it, or it moved meanwhile: not ours
+        log.info("run %s not submitted: %s", run_key, exc.message)
+        return {"run_key": run_key, "skipped": exc.message}
+    folder = attempt_folder(settings.jobs_dir, run_key, att.number)
+    executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
+    try:
+        job_id = executor.find(spec, att.number, folder) or executor.submit(spec, att.number, folder)
+    except Exception as exc:
+        reason = f"submission refused: {type(exc).__name__}: {exc}"
+        ledger.resolve_submitting(run_key, att.number, job_id=None, actor=settings.user, reason=reason[:2000],
+                                  state="failed")
+        log.error("run %s: %s", run_key, reason)
+        return {"run_key": run_key, "failed": reason}
+    ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
+    out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
+    if spec.executor == "debug":  # ran to its end inside submit(): book it now, in this process
+        run = ledger.get_run(run_key)
+        info = executor.poll([job_id])[job_id]
+        out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
+    return out
+
+
+class GgpoWorker(Worker):
+    """An RQ worker whose maintenance also reconciles the ledger with the executors."""
+
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ggpo_settings = settings
+
+    def run_maintenance_tasks(self) -> None:
+        super().run_maintenance_tasks()
+        lock_ttl = max(5, int(self.maintenance_interval) - 1)
+        if not self.connection.set(RECONCILE_LOCK, self.name, nx=True, ex=lock_ttl):
+            return
+        try:
+            reconcile_now(self.ggpo_settings, [q.name for q in self.queues], actor=f"reconcile@{self.name}")
+        except Exception:  # a reconcile failure must not kill the worker; the next cycle retries
+            self.log.exception("reconcile cycle failed")
+
+
+def reconcile_now(settings: Settings, queues: Sequence[str], *, actor: str) -> Any:
+    from .reconcile import reconcile
+
+    ledger = connect(settings.db_url)
+    try:
+        return reconcile(ledger, settings, [RunQueue.from_url(settings.redis_url, q) for q in queues], actor=actor)
+    finally:
+        ledger.engine.dispose()
+
+
+def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: str | None = None,
+               reconcile_interval: int = 30, settle_timeout: float = 3600.0) -> bool:
+    """Work the queues; in burst mode, then wait (reconciling) until this queue's attempts have ended."""
+    from .queue import connect as redis_connect
+
+    conn = redis_connect(settings.redis_url)
+    worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
+                        serializer=JSONSerializer, name=name, settings=settings,
+                        maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
+    worked = worker.work(burst=burst, with_scheduler=True)
+    if burst:
+        wait_settled(settings, queues, timeout=settle_timeout, actor=f"reconcile@{worker.name}")
+    return worked
+
+
+def wait_settled(settings: Settings, queues: Sequence[str], *, timeout: float, actor: str,
+                 interval: float = 1.0) -> int:
+    """Reconcile until no attempt of these queues is active; returns how many are still active."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report = reconcile_now(settings, queues, actor=actor)
+        if report.active == 0 or time.monotonic() > deadline:
+            return report.active
+        time.sleep(interval)

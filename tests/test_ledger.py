@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import pytest
+
+from ggpo_batch.errors import LedgerError
+from ggpo_batch.ledger.ledger import NewRun
+
+
+def _experiment(ledger, n: int = 2, retries: int = 0):  # type: ignore[no-untyped-def]
+    runs = [NewRun(run_key=f"e-v1-{i}-clean", arm="clean", seed=i, config_hash="h", run_spec={"seed": i},
+                   retries_allowed=retries) for i in range(n)]
+    return ledger.create_experiment(name="e", version=1, method="ggpo", source="spec", spec_hash="x", spec={},
+                                    gpus=4, actor="alice", runs=runs, queue="q")
+
+
+def test_lifecycle_appends_one_event_per_transition(ledger) -> None:  # type: ignore[no-untyped-def]
+    _experiment(ledger)
+    att = ledger.begin_attempt("e-v1-0-clean", executor="debug", gpus=4, actor="w", worker="w1")
+    assert att.number == 1 and att.state == "submitting"
+    assert ledger.in_flight_gpus("q") == 4
+    ledger.mark_submitted("e-v1-0-clean", 1, job_id="123", actor="w")
+    ledger.mark_running("e-v1-0-clean", 1, actor="w")
+    ledger.mark_finished("e-v1-0-clean", 1, attempt_state="succeeded", run_state="succeeded", actor="w",
+                         elapsed_seconds=900.0, gpu_hours_job=1.0, gpu_hours_scheduler=1.0)
+    run = ledger.get_run("e-v1-0-clean")
+    assert run.state == "succeeded" and run.worker is None
+    assert ledger.in_flight_gpus("q") == 0
+    moves = [(e.entity, e.from_state, e.to_state) for e in ledger.events(run_key="e-v1-0-clean")]
+    assert moves == [
+        ("run", None, "queued"),
+        ("attempt", None, "submitting"),
+        ("attempt", "submitting", "submitted"),
+        ("run", "queued", "submitted"),
+        ("attempt", "submitted", "running"),
+        ("run", "submitted", "running"),
+        ("attempt", "running", "succeeded"),
+        ("run", "running", "succeeded"),
+    ]
+
+
+def test_illegal_moves_are_refused(ledger) -> None:  # type: ignore[no-untyped-def]
+    _experiment(ledger)
+    key = "e-v1-0-clean"
+    with pytest.raises(LedgerError, match="has no attempt 1"):
+        ledger.mark_running(key, 1, actor="w")
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker=None)
+    # The run is still queued (no job id yet): it cannot jump to succeeded, and nothing is written.
+    with pytest.raises(LedgerError, match="cannot go from queued to succeeded"):
+        ledger.mark_finished(key, 1, attempt_state="succeeded", run_state="succeeded", actor="w")
+    assert ledger.get_run(key).attempts[0].state == "submitting"
+    ledger.mark_submitted(key, 1, job_id="1", actor="w")
+    ledger.mark_finished(key, 1, attempt_state="failed", run_state="failed", actor="w", reason="boom")
+    assert ledger.get_run(key).cause == "boom"
+    with pytest.raises(LedgerError, match="needs a reason"):
+        ledger.requeue(key, actor="bob", reason="")
+    with pytest.raises(LedgerError, match="only a queued run"):
+        ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker=None)
+    with pytest.raises(LedgerError, match="already ended"):
+        ledger.mark_finished(key, 1, attempt_state="failed", run_state=None, actor="w")
+    with pytest.raises(LedgerError, match="no run"):
+        ledger.get_run("nope")
+
+
+def test_retry_by_hand_is_a_new_attempt_with_who_and_why(ledger) -> None:  # type: ignore[no-untyped-def]
+    _experiment(ledger)
+    key = "e-v1-1-clean"
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker=None)
+    ledger.mark_submitted(key, 1, job_id="1", actor="w")
+    ledger.mark_finished(key, 1, attempt_state="node_fail", run_state="failed", actor="w", reason="NODE_FAIL",
+                         gpu_hours_scheduler=0.25)
+    ledger.requeue(key, actor="bob", reason="node n3 replaced")
+    att2 = ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker=None)
+    assert att2.number == 2
+    ledger.mark_submitted(key, 2, job_id="2", actor="w")
+    ledger.mark_finished(key, 2, attempt_state="succeeded", run_state="succeeded", actor="w", gpu_hours_job=1.0)
+    run = [r for r in ledger.runs() if r.run_key == key][0]
+    assert [a.state for a in run.attempts] == ["node_fail", "succeeded"]
+    assert [a.gpu_hours_scheduler or a.gpu_hours_job for a in run.attempts] == [0.25, 1.0]
+    retry = [e for e in ledger.events(run_key=key) if e.from_state == "failed"][0]
+    assert (retry.actor, retry.reason, retry.to_state) == ("bob", "node n3 replaced", "queued")
+
+
+def test_submitting_attempt_is_fenced_until_resolved(ledger) -> None:  # type: ignore[no-untyped-def]
+    """A worker killed between begin_attempt and mark_submitted: nobody else may submit the run
+    until reconcile has asked the scheduler (found -> submitted, not found -> lost)."""
+    _experiment(ledger)
+    ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w1")
+    with pytest.raises(LedgerError, match="being submitted by w1"):
+        ledger.begin_attempt("e-v1-0-clean", executor="slurm", gpus=4, actor="w", worker="w2")
+    ledger.resolve_submitting("e-v1-0-clean", 1, job_id="77", actor="reconcile", reason="found by name")
+    assert ledger.get_run("e-v1-0-clean").state == "submitted"
+    ledger.mark_submitted("e-v1-0-clean", 1, job_id="77", actor="w")  # reported twice: harmless
+    with pytest.raises(LedgerError, match="with job 77"):
+        ledger.mark_submitted("e-v1-0-clean", 1, job_id="78", actor="w")
+    ledger.begin_attempt("e-v1-1-clean", executor="slurm", gpus=4, actor="w", worker="w1")
+    ledger.resolve_submitting("e-v1-1-clean", 1, job_id=None, actor="reconcile", reason="worker died before sbatch")
+    run = ledger.get_run("e-v1-1-clean")
+    assert run.state == "lost" and run.attempts[0].state == "lost" and run.attempts[0].gpu_hours_job == 0.0
+
+
+def test_quota_is_checked_atomically(ledger) -> None:  # type: ignore[no-untyped-def]
+    from ggpo_batch.ledger.ledger import QuotaExceeded
+
+    _experiment(ledger, n=3)
+    ledger.begin_attempt("e-v1-0-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    ledger.begin_attempt("e-v1-1-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    with pytest.raises(QuotaExceeded, match="8 GPUs in flight"):
+        ledger.begin_attempt("e-v1-2-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))
+    assert ledger.get_run("e-v1-2-clean").attempts == []
+    assert ledger.in_flight_gpus("q") == 8 and ledger.in_flight_gpus("other") == 0
+
+
+def test_decisions_artifacts_and_night_guard(ledger) -> None:  # type: ignore[no-untyped-def]
+    d = ledger.record_decision(experiment_name="big", kind="not_reproduced_high_cost", actor="carol",
+                               estimated_gpu_hours=3000.0, cap_gpu_hours=64.0, cost_basis="8000 updates",
+                               cost_type="paper-reported", review_done=True, automatic_retry=False,
+                               resolution="too expensive, not reproduced")
+    assert d.id and ledger.decisions("big")[0].review_done is True
+    first = ledger.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-02", actor="cron")
+    again = ledger.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-02", actor="cron2")
+    assert first is not None and again is None
+    ledger.finish_component_run(first.id, state="succeeded", record={"a": 1}, seconds=12.5, commit="abc",
+                                dirty=False)
+    ledger.record_artifact(path="/x.json", sha256="0" * 64, size_bytes=10, kind="component_record",
+                           component_run_id=first.id)
+    assert [c.state for c in ledger.component_runs()] == ["succeeded"]
+    assert ledger.artifacts(component_run_id=first.id)[0].path == "/x.json"

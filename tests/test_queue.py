@@ -1,0 +1,121 @@
+"""Enqueue, quota deferral, cancel and reconcile against the real Redis and both ledgers."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.control import cancel_runs, retry_run
+from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.errors import LedgerError, SpecError
+from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
+from ggpo_batch.spec import load_spec
+
+pytestmark = pytest.mark.redis
+
+SPEC = """
+schema = 1
+[experiment]
+name = "q"
+method = "ggpo"
+seeds = [1, 2]
+gpus = 4
+loop_budget_seconds = 2
+executor = "local"
+[overheads]
+setup_export_seconds = 1
+audit_seconds = 1
+evaluation_seconds = 1
+[arms.clean]
+exposure = "none"
+[arms.paired]
+exposure = "paired"
+exposed_items = 2
+templates = ["train_direct", "train_role"]
+"""
+
+
+def _spec(tmp_path: Path, text: str = SPEC):  # type: ignore[no-untyped-def]
+    p = tmp_path / "q.toml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def test_enqueue_is_idempotent_and_refuses_a_changed_spec(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = _spec(tmp_path)
+    res = enqueue_spec(ledger, settings, spec, actor="tester")
+    assert res.enqueued == 4 and res.version == 1
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    assert sorted(q.waiting()) == sorted(r.run_key for r in spec.expand(1))
+    again = enqueue_spec(ledger, settings, spec, actor="tester")
+    assert again.enqueued == 0 and again.new_runs == []
+    assert len(q.queue.get_job_ids()) == 4 and len(ledger.runs()) == 4
+    changed = _spec(tmp_path, SPEC.replace("seeds = [1, 2]", "seeds = [1, 2, 3]"))
+    with pytest.raises(SpecError, match=r"different spec \(seeds: \[1, 2\] -> \[1, 2, 3\]\).*--new-version"):
+        enqueue_spec(ledger, settings, changed, actor="tester")
+    v2 = enqueue_spec(ledger, settings, changed, new_version=True, actor="tester")
+    assert v2.version == 2 and v2.enqueued == 6
+    assert [(e.name, e.version) for e in ledger.experiments()] == [("q", 1), ("q", 2)]
+
+
+def test_subset_then_rest_and_dry_run(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    spec = _spec(tmp_path)
+    dry = enqueue_spec(ledger, settings, spec, dry_run=True, actor="tester")
+    assert dry.dry_run and len(dry.runs) == 4 and dry.estimate is not None
+    assert dry.estimate.total_gpu_hours == pytest.approx(4 * 4 * (2 + 3) / 3600)
+    assert ledger.experiments() == [] and RunQueue.from_url(settings.redis_url, "testq").waiting() == {}
+    first = enqueue_spec(ledger, settings, spec, arms=["clean"], seeds=[2], actor="tester")
+    assert first.new_runs == ["q-v1-2-clean"]
+    rest = enqueue_spec(ledger, settings, spec, actor="tester")
+    assert sorted(rest.new_runs) == ["q-v1-1-clean", "q-v1-1-paired", "q-v1-2-paired"]
+    assert len(ledger.runs()) == 4
+
+
+def test_quota_defers_without_an_attempt(ledger, settings, worker_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from ggpo_batch.worker import submit_run
+
+    settings = dataclasses.replace(settings, queue_gpu_quota=4)
+    spec = _spec(tmp_path)
+    enqueue_spec(ledger, settings, spec, actor="tester")
+    # One run already holds the queue's 4 GPUs.
+    ledger.begin_attempt("q-v1-1-clean", executor="local", gpus=4, actor="other", worker="elsewhere")
+    out = submit_run(ledger, settings, "q-v1-1-paired", worker="w-test")
+    assert "quota 4" in out["deferred"]
+    run = ledger.get_run("q-v1-1-paired")
+    assert run.state == "queued" and run.attempts == []
+    events = ledger.events(run_key="q-v1-1-paired")
+    assert events[-1].from_state == events[-1].to_state == "queued" and "deferred 1 s" in events[-1].reason
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    assert "q-v1-1-paired" in q.scheduled()
+
+
+def test_cancel_queued_run_removes_its_job(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    enqueue_spec(ledger, settings, _spec(tmp_path), actor="tester")
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    [res] = cancel_runs(ledger, settings, ["q-v1-2-paired"], actor="bob", reason="wrong template")
+    assert res.was == "queued" and res.removed_jobs == 1
+    assert "q-v1-2-paired" not in q.waiting() and len(q.waiting()) == 3
+    run = ledger.get_run("q-v1-2-paired")
+    assert run.state == "cancelled" and run.cause == "wrong template"
+    # A cancelled run is retried only by hand, with a reason, as a new attempt.
+    with pytest.raises(LedgerError, match="needs --reason"):
+        retry_run(ledger, settings, "q-v1-2-paired", actor="bob", reason=" ")
+    assert retry_run(ledger, settings, "q-v1-2-paired", actor="bob", reason="fixed template") == 1
+    assert ledger.get_run("q-v1-2-paired").state == "queued" and "q-v1-2-paired" in q.waiting()
+
+
+def test_reconcile_after_flushdb_rebuilds_the_queue(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    enqueue_spec(ledger, settings, _spec(tmp_path), actor="tester")
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    redis.Redis.from_url(settings.redis_url).flushdb()
+    assert q.waiting() == {}
+    rep = reconcile(ledger, settings, [q], actor="test")
+    assert rep.requeued == 4
+    assert sorted(q.waiting()) == sorted(r.run_key for r in ledger.runs())
+    again = reconcile(ledger, settings, [q], actor="test")
+    assert again.requeued == 0 and len(q.queue.get_job_ids()) == 4
