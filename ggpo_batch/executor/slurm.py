@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_./-]")
+RECORD_NAME = "record.json"  # the attempt's result record, where ggpo_batch.attempts reads it
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
@@ -91,7 +92,8 @@ class SlurmExecutor(Executor):
 
     # -- submission ---------------------------------------------------------------------------
 
-    def find(self, spec: RunSpec, attempt: int) -> str | None:
+    def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:
+        """The job of (run, attempt) if Slurm has one; `folder` is not needed (the name finds it)."""
         return self.find_by(job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt))
 
     def find_by(self, name: str, comment: str) -> str | None:
@@ -131,7 +133,7 @@ class SlurmExecutor(Executor):
         from .payload import make_payload  # late: the payload pulls in the method's job class
 
         folder = Path(folder)
-        payload = make_payload(spec, folder / "record.json")
+        payload = make_payload(spec, folder / RECORD_NAME)
         return self.submit_callable(payload, name, comment, folder=folder)
 
     def submit_callable(

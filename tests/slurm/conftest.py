@@ -98,3 +98,31 @@ def wait_for(ex: SlurmExecutor, job_id: str, done: Callable[[JobInfo], bool], ti
 
 
 final = functools.partial(lambda info: info.final)
+
+
+# -- ledger + queue fixtures for the end-to-end tests (SQLite ledger; Redis db 8 is this suite's) --
+
+SLURM_REDIS_DB = 8
+
+
+@pytest.fixture
+def db_url(tmp_path: Path):  # overrides tests/conftest.py: the Slurm side is backend-neutral, SQLite suffices
+    yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+
+
+@pytest.fixture
+def redis_url():  # overrides tests/conftest.py: Redis db 8, flushed before and after
+    import redis
+
+    url = f"redis://127.0.0.1:6379/{SLURM_REDIS_DB}"
+    conn = redis.Redis.from_url(url)
+    try:
+        conn.ping()
+    except redis.exceptions.ConnectionError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"Redis not reachable at {url}: {exc}")
+        pytest.skip(f"Redis not reachable at {url}: {exc}")
+    conn.flushdb()
+    yield url
+    conn.flushdb()
+    conn.close()
