@@ -16,14 +16,15 @@ def sleep_then_report(seconds: float, out: str) -> str:
 
 
 class CountingSleeper:
-    """Appends one line per start to `log`, then sleeps: a requeued job has two lines."""
+    """Rank 0 appends one line per start to `log`, then all ranks sleep: a requeued job has two lines."""
 
     def __init__(self, seconds: float, log: str) -> None:
         self.seconds = seconds
         self.log = log
 
     def __call__(self) -> int:
-        with open(self.log, "a") as f:
-            f.write(f"start {os.environ.get('SLURM_JOB_ID', '')} {time.time():.1f}\n")
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            with open(self.log, "a") as f:
+                f.write(f"start {os.environ.get('SLURM_JOB_ID', '')} {time.time():.1f}\n")
         time.sleep(self.seconds)
         return len(Path(self.log).read_text().splitlines())

@@ -26,7 +26,7 @@ def test_shipped_profiles_load_and_ask_for_four_gpus():
     assert dev.partition == "dev"
     params = default.to_submitit_parameters()
     assert params["gpus_per_node"] == 4 and params["partition"] == "gpu" and params["mem"] == 256.0
-    assert params["time"] == 120 and params["ntasks_per_node"] == 1
+    assert params["time"] == 120 and params["ntasks_per_node"] == 4
 
 
 def test_parameters_are_accepted_by_submitit(tmp_path):
