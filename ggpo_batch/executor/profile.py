@@ -44,8 +44,6 @@ class SlurmProfile:
     mem_gb: float | None = None
     time_limit_min: int = 60
     signal_delay_s: int = 90  # USR2 this long before the time limit: the job's checkpoint window
-    # submitit's max_num_timeout: requeues after a TIMEOUT. 0: a timeout is a failure of the run.
-    max_timeout_requeues: int = 0
     setup: tuple[str, ...] = ()  # shell lines run in the batch script before srun (module load ...)
     extra_sbatch: tuple[str, ...] = ()
     use_srun: bool = True
@@ -125,7 +123,7 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
                 raise SpecError(path, key, f"{value!r} has characters Slurm or a shell would misread")
             kw[key] = value
     for key, minimum in (("gpus_per_node", 0), ("tasks_per_node", 1), ("cpus_per_task", 1),
-                         ("time_limit_min", 1), ("signal_delay_s", 0), ("max_timeout_requeues", 0)):
+                         ("time_limit_min", 1), ("signal_delay_s", 0)):
         if key in data:
             kw[key] = _check(path, key, data[key], int, minimum=minimum)
     if "mem_gb" in data:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Callable, Iterable, Sequence
 
 from ..errors import ExecutorError
 from .base import JobInfo

@@ -5,17 +5,20 @@ whose comment is `ggpo:<run_key>:<attempt>`, so a worker killed between sbatch a
 write does not take a second allocation. State comes from one sacct call for all jobs (`poll`).
 
 Preemption: the payload is wrapped so submitit's USR2 handler checkpoints and requeues it
-(`scontrol requeue`, same job id); every run of the job id is one sacct record, which the ledger
+(`scontrol requeue`, same job id) as often as the spec's `retries` allows; every run of the job id is one sacct record, which the ledger
 books as its own attempt (see `accounts`). A TIMEOUT is not requeued unless the profile says so.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import submitit
 from submitit.helpers import DelayedSubmission
@@ -40,27 +43,63 @@ def job_comment(run_key: str, attempt: int) -> str:
     return f"ggpo:{_UNSAFE_KEY_CHARS.sub('_', run_key)[:200]}:{int(attempt)}"
 
 
-class Requeueable:
-    """A payload submitit may checkpoint and requeue on preemption.
+# Exit status of a preempted attempt that may not be requeued (EX_TEMPFAIL, as the training job's
+# own `Preempted`); `poll` reports such a job PREEMPTED, not FAILED, so the ledger books the cause.
+PREEMPTED_EXIT_CODE = 75
+# submitit judges "timeout or preemption" by elapsed time and, for limits under ~50 min, calls
+# every signal a timeout; its countdown is therefore disabled and Requeueable decides instead.
+_SUBMITIT_TIMEOUT_COUNTDOWN = 1_000_000
+# Slurm sends the time-limit signal up to 60 s before it is due (its event resolution), plus slack.
+_TIMEOUT_MARGIN_S = 65.0
 
-    submitit requeues a preempted job only if its function has `checkpoint()`. This wrapper adds
-    one, delegating to the payload's own `checkpoint()` when it has one (to save training state).
+
+class Requeueable:
+    """A payload that submitit checkpoints and requeues on preemption, at most `requeues_left` times.
+
+    submitit's USR2 handler calls `checkpoint()`. Here it decides, from the time the job has run:
+    near the time limit it is a TIMEOUT, a failure of the run: it waits for Slurm to end the job,
+    so sacct says TIMEOUT. Otherwise it is a preemption: with an allowance left (`retries = N`
+    in the spec; 0 by default) the job is requeued, delegating to the payload's own
+    `checkpoint()` to save its state; without one the job exits PREEMPTED_EXIT_CODE.
     """
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
+    def __init__(self, fn: Callable[[], Any], requeues_left: int = 0, *, time_limit_s: float = float("inf"),
+                 signal_delay_s: float = 0.0) -> None:
         self.fn = fn
+        self.requeues_left = requeues_left
+        self.time_limit_s = time_limit_s
+        self.signal_delay_s = signal_delay_s
+        self._started = time.monotonic()
 
     def __call__(self) -> Any:
+        self._started = time.monotonic()
         return self.fn()
 
+    def _next(self, fn: Callable[[], Any]) -> Requeueable:
+        return Requeueable(fn, self.requeues_left - 1, time_limit_s=self.time_limit_s,
+                           signal_delay_s=self.signal_delay_s)
+
+    def timed_out(self) -> bool:
+        ran = time.monotonic() - self._started
+        return ran >= self.time_limit_s - self.signal_delay_s - _TIMEOUT_MARGIN_S
+
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
+        if self.timed_out():
+            log.warning("time limit reached: not requeued; waiting for Slurm to end the job (TIMEOUT)")
+            while True:
+                time.sleep(60)
+        if self.requeues_left <= 0:
+            log.warning("preempted with no requeue allowed: exiting %d", PREEMPTED_EXIT_CODE)
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT_CODE)
         inner = getattr(self.fn, "checkpoint", None)
-        if inner is not None:
-            delayed = inner(*args, **kwargs)
-            if delayed is None:
-                return None  # type: ignore[return-value]  # the payload refuses a requeue
-            return DelayedSubmission(Requeueable(delayed.function), *delayed.args, **delayed.kwargs)
-        return DelayedSubmission(Requeueable(self.fn))
+        if inner is None:
+            return DelayedSubmission(self._next(self.fn))
+        delayed = inner(*args, **kwargs)
+        if delayed is None:  # the payload refuses a requeue
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT_CODE)
+        return DelayedSubmission(self._next(delayed.function), *delayed.args, **delayed.kwargs)
 
 
 class SlurmExecutor(Executor):
@@ -118,7 +157,7 @@ class SlurmExecutor(Executor):
                     ids.append(job_id)
         if len(ids) > 1:
             log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
-        return sorted(ids, key=_id_key)[0] if ids else None
+        return min(ids, key=_id_key) if ids else None
 
     def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
         name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
@@ -130,30 +169,32 @@ class SlurmExecutor(Executor):
             raise ExecutorError(
                 f"run {spec.run_key} asks for {spec.gpus} GPUs, profile {self.profile.name} gives {self.profile.gpus_per_node}"
             )
-        from .payload import make_payload  # late: the payload pulls in the method's job class
+        from .payload import (
+            make_payload,  # late: the payload pulls in the method's job class
+        )
 
         folder = Path(folder)
         payload = make_payload(spec, folder / RECORD_NAME)
-        return self.submit_callable(payload, name, comment, folder=folder)
+        return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries)
 
     def submit_callable(
-        self, fn: Callable[[], Any], name: str, comment: str, *, folder: Path | None = None, **overrides: Any
+        self, fn: Callable[[], Any], name: str, comment: str, *, folder: Path | None = None, requeues: int = 0,
+        **overrides: Any,
     ) -> str:
-        """sbatch `fn` with the profile's allocation; `overrides` are submitit SlurmExecutor parameters."""
+        """sbatch `fn` with the profile's allocation; `requeues`: preemption requeues allowed (each one a
+        new run of the same job id, booked as its own attempt); `overrides`: submitit SlurmExecutor parameters."""
         _check_name(name, comment)
         folder = Path(folder) if folder is not None else self.folder / name
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.profile.max_timeout_requeues, python=self.python)
-        params = self.profile.to_submitit_parameters()
-        params.update(overrides)
-        params.update(job_name=name, comment=comment)
-        ex.update_parameters(**params)
+        params = self._parameters(name, comment, overrides)
+        ex = self._submitit(folder, params)
+        payload = Requeueable(fn, requeues, time_limit_s=60.0 * params["time"], signal_delay_s=params["signal_delay_s"])
         wait = self._last_submit + self.min_submit_interval_s - time.monotonic()
         if wait > 0:
             time.sleep(wait)  # sites rate-limit sbatch RPCs per user
         self._last_submit = time.monotonic()
         self.sbatch_calls += 1
         try:
-            job = ex.submit(Requeueable(fn))
+            job = ex.submit(payload)
         except (submitit.core.utils.FailedJobError, OSError) as exc:
             raise ExecutorError(f"sbatch of {name} failed: {str(exc).strip().splitlines()[-1][:300]}") from None
         log.info("submitted %s as Slurm job %s (%s)", name, job.job_id, comment)
@@ -162,12 +203,19 @@ class SlurmExecutor(Executor):
     def submission_script(self, name: str, comment: str, folder: Path, **overrides: Any) -> str:
         """The sbatch script `submit_callable` would write (for review and for the saved-copy test)."""
         _check_name(name, comment)
+        ex = self._submitit(folder, self._parameters(name, comment, overrides))
+        return ex._make_submission_file_text(ex._submitit_command_str, "uid")
+
+    def _parameters(self, name: str, comment: str, overrides: dict[str, Any]) -> dict[str, Any]:
         params = self.profile.to_submitit_parameters()
         params.update(overrides)
         params.update(job_name=name, comment=comment)
-        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=self.profile.max_timeout_requeues, python=self.python)
+        return params
+
+    def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_SUBMITIT_TIMEOUT_COUNTDOWN, python=self.python)
         ex.update_parameters(**params)
-        return ex._make_submission_file_text(ex._submitit_command_str, "uid")
+        return ex
 
     # -- state ----------------------------------------------------------------------------------
 
@@ -199,13 +247,23 @@ class SlurmExecutor(Executor):
 
     def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
         """One sacct call for all ids, with every run (segment) of each job for the ledger."""
-        return self.sacct.accounts(job_ids)
+        return {k: _preempted_exit(a) for k, a in self.sacct.accounts(job_ids).items()}
 
     def cancel(self, job_id: str) -> None:
         if not _JOB_ID.match(str(job_id)):
             raise ExecutorError(f"{job_id!r} is not a Slurm job id")
         self.runner(["scancel", str(job_id)])
         log.info("cancelled Slurm job %s", job_id)
+
+
+def _preempted_exit(account: JobAccount) -> JobAccount:
+    """A job that exited PREEMPTED_EXIT_CODE was preempted with no requeue left: say so."""
+    def fix(info: JobInfo) -> JobInfo:
+        if info.state == "FAILED" and (info.exit_code or "").split(":")[0] == str(PREEMPTED_EXIT_CODE):
+            return replace(info, state="PREEMPTED")
+        return info
+
+    return replace(account, latest=fix(account.latest), segments=tuple(fix(s) for s in account.segments))
 
 
 def _check_name(name: str, comment: str) -> None:

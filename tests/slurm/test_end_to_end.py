@@ -19,7 +19,7 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 
-from .conftest import PROFILES, CountingRunner
+from .conftest import CountingRunner
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis]
 

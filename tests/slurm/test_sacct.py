@@ -7,7 +7,12 @@ import time
 import pytest
 
 from ggpo_batch.errors import ExecutorError
-from ggpo_batch.executor.sacct import Sacct, gpu_hours_disagreement, normalize_state, parse_gpus
+from ggpo_batch.executor.sacct import (
+    Sacct,
+    gpu_hours_disagreement,
+    normalize_state,
+    parse_gpus,
+)
 
 # `sacct -X -D -P --noheader -o JobID,JobName,State,Start,End,ElapsedRaw,AllocTRES,ExitCode,Comment`
 CAPTURED = """\

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 import time
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.runspec import ArmSpec, RunSpec
 
 from . import jobs
-from .conftest import CountingRunner, final, wait_for
+from .conftest import final, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -128,14 +127,26 @@ def test_impossible_request_is_refused_at_submit(executor, tag):
 
 @pytest.mark.slow
 def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
+    # USR2 comes signal_delay_s (30 s, the profile's) before the limit: judged a timeout, not requeued
     job_id = executor.submit_callable(lambda: time.sleep(600), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
-                                      time=1, signal_delay_s=0)
+                                      time=1, requeues=3)
     info = wait_for(executor, job_id, final, 180)
     assert info.state == "TIMEOUT", info
     time.sleep(3)
     again = executor.accounts([job_id])[job_id]
     assert again.latest.state == "TIMEOUT" and again.latest.restarts == 0 and len(again.segments) == 1
     assert again.latest.alloc_gpus == 4 and again.latest.elapsed_seconds >= 60
+
+
+def test_preemption_without_allowance_ends_preempted_not_failed(executor, tag, tmp_path):
+    import submitit
+
+    job_id = executor.submit_callable(lambda: time.sleep(60), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=15)
+    wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
+    time.sleep(3)  # let submitit install its signal handler
+    submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)
+    info = wait_for(executor, job_id, final, 60)
+    assert info.state == "PREEMPTED" and info.restarts == 0 and info.alloc_gpus == 4, info
 
 
 @pytest.mark.slow
@@ -145,7 +156,7 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
     log = tmp_path / "starts.log"
     # time >= 15 min: submitit judges a signal as preemption (not timeout) before min(0.8 T, T - 10 min)
     job_id = executor.submit_callable(jobs.CountingSleeper(8, str(log)), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
-                                      time=15)
+                                      time=15, requeues=1)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
     end = time.monotonic() + 20
     while not log.exists() and time.monotonic() < end:
