@@ -169,9 +169,8 @@ class SlurmExecutor(Executor):
             raise ExecutorError(
                 f"run {spec.run_key} asks for {spec.gpus} GPUs, profile {self.profile.name} gives {self.profile.gpus_per_node}"
             )
-        from .payload import (
-            make_payload,  # late: the payload pulls in the method's job class
-        )
+        # late: the payload pulls in the method's job class
+        from .payload import make_payload
 
         folder = Path(folder)
         payload = make_payload(spec, folder / RECORD_NAME)
