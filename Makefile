@@ -8,6 +8,7 @@ EXTRAS_TEST ?= train,dev,cpu-rollout
 .PHONY: test demo setup services
 test:
 	tools/install.sh $(EXTRAS_TEST)
+	$(PY) tools/fetch_corpus.py
 	tools/services.sh
 	$(PY) -m pytest
 

@@ -38,13 +38,7 @@ class EnqueueResult:
 
 def _new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
     return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
-                  run_spec=_as_dict(r), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
-
-
-def _as_dict(r: RunSpec) -> dict:
-    import json
-
-    return json.loads(r.to_json())
+                  run_spec=r.to_dict(), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
 
 
 def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, arms: Sequence[str] | None = None,
@@ -64,35 +58,31 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
     same = latest is not None and latest.spec_hash == spec.spec_hash
     version = latest.version if same else (latest.version + 1 if latest else 1)
     runs = spec.expand(version, arms=arms, seeds=seeds)
-    existing = {r.run_key: r for r in ledger.runs(experiment_id=latest.id)} if same and latest else {}
+    existing = ledger.run_states(latest.id) if same and latest else {}
     todo = [r for r in runs if r.run_key not in existing]
-    decided = [r for r in runs if r.run_key in existing and existing[r.run_key].state == "not_reproduced"]
+    decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
     est = costguard.estimate(ledger, spec, todo + decided)
     cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
     res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
     if dry_run or not (todo or decided):
         return res
+    if not cap.ok and not accept_cost_reason:
+        # The refusal is itself a fact: the experiment and its runs are recorded as not_reproduced.
+        costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor, runs=todo, queue=queue_name)
+        raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
+                              f"`enqueue --accept-cost --reason TEXT` overrides")
     per_run = {e.run_key: e.gpu_hours for e in est.runs}
-    over = not cap.ok and not accept_cost_reason
-    state = "not_reproduced" if over else "queued"
-    why = f"not reproduced: {cap.message}" if over else None
     if todo:
         if same and latest is not None:
-            ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor, state=state, reason=why)
+            ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor)
         else:
             ledger.create_experiment(name=spec.name, version=version, method=spec.method, source="spec",
                                      spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, actor=actor,
-                                     runs=[_new_run(r, per_run) for r in todo], initial_state=state,
-                                     source_path=spec.path, queue=queue_name, max_gpu_hours=spec.max_gpu_hours,
-                                     reason=why)
-    if over:
-        costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor)
-        raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
-                              f"`enqueue --accept-cost --reason TEXT` overrides")
+                                     runs=[_new_run(r, per_run) for r in todo], source_path=spec.path,
+                                     queue=queue_name, max_gpu_hours=spec.max_gpu_hours)
     if not cap.ok:
+        # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
         costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
-    for r in decided:
-        ledger.requeue(r.run_key, actor=actor, reason=f"cost accepted: {accept_cost_reason}")
     keys = [r.run_key for r in todo + decided]
     res.enqueued = RunQueue.from_url(settings.redis_url, queue_name).enqueue(keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)

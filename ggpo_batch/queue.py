@@ -66,9 +66,9 @@ class RunQueue:
         return not self.queue.is_async
 
     def _data(self, run_key: str, job_id: str) -> object:
+        # The run key travels as the job's only argument; the job id may differ (a deferral).
         return Queue.prepare_data(JOB_FUNC, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
-                                  result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, meta={"run_key": run_key},
-                                  description=f"ggpo run {run_key}")
+                                  result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
 
     def enqueue(self, run_keys: Sequence[str]) -> int:
         """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued."""
@@ -78,7 +78,7 @@ class RunQueue:
             if self.inline:
                 for key in chunk:  # inline: each job runs now, in this process
                     self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
-                                            result_ttl=RESULT_TTL, meta={"run_key": key})
+                                            result_ttl=RESULT_TTL, description=key)
                 n += len(chunk)
                 continue
             with self.connection.pipeline() as pipe:
@@ -91,7 +91,7 @@ class RunQueue:
         """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
         job_id = f"{run_key}-deferred{generation}"
         self.queue.enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
-                              result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, meta={"run_key": run_key})
+                              result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
         return job_id
 
     def _jobs(self, ids: Iterable[str]) -> list[Job]:
@@ -103,7 +103,7 @@ class RunQueue:
 
     @staticmethod
     def run_key_of(job: Job) -> str:
-        return str(job.meta.get("run_key") or job.id)
+        return str(job.args[0]) if job.args else job.id
 
     def waiting(self) -> dict[str, int]:
         """Run key -> 1-based position, for runs waiting on the queue."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import GgpoError
@@ -57,13 +57,26 @@ class RunSpec:
     train: Mapping[str, Any] = field(default_factory=dict)
     version: int = RUN_SPEC_VERSION
 
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (hand-written: dataclasses.asdict deep-copies and is slow at 10k runs)."""
+        a = self.arm
+        return {
+            "run_key": self.run_key, "experiment": self.experiment, "experiment_version": self.experiment_version,
+            "method": self.method, "seed": self.seed, "gpus": self.gpus,
+            "loop_budget_seconds": self.loop_budget_seconds, "executor": self.executor, "profile": self.profile,
+            "retries": self.retries, "train": json.loads(json.dumps(self.train)) if self.train else {},
+            "version": self.version,
+            "arm": {"name": a.name, "exposure": a.exposure, "exposed_items": a.exposed_items,
+                    "templates": list(a.templates), "auxiliary_answer_loss": a.auxiliary_answer_loss},
+        }
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     @property
     def config_hash(self) -> str:
         """sha256 of what determines the run's result (not where or how often it runs)."""
-        d = asdict(self)
+        d = self.to_dict()
         for k in ("executor", "profile", "retries", "run_key", "experiment_version"):
             d.pop(k)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()

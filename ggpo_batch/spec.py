@@ -221,7 +221,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     p = path
     _unknown(p, "", data, _TOP_KEYS)
     schema = data.get("schema", SPEC_SCHEMA)
-    if schema != SPEC_SCHEMA:
+    if type(schema) is not int or schema != SPEC_SCHEMA:
         raise SpecError(p, "schema", f"this release reads schema {SPEC_SCHEMA}, got {schema!r}")
     if "experiment" not in data:
         raise SpecError(p, "experiment", "missing table [experiment]")

@@ -81,9 +81,22 @@ def experiment_status(ledger: Ledger, *, experiment: str | None = None, states: 
             "runs": rows,
             "arms": {arm: _totals(rs) for arm, rs in sorted(by_arm.items())},
             "totals": _totals(rows),
+            "estimated_gpu_hours": _sum_known(r.estimated_gpu_hours for r in runs),
+            "decided_runs": sum(1 for r in rows if r["state"] == "not_reproduced"),
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
         })
     return out
+
+
+def _sum_known(values: Iterable[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) if known else None
+
+
+def decided_experiments(ledger: Ledger, *, experiment: str | None = None) -> list[dict[str, Any]]:
+    """Decisions about experiments that have no runs in the ledger (decided before anything was queued)."""
+    known = {e.name for e in ledger.experiments(experiment)}
+    return [decision_row(d) for d in ledger.decisions(experiment) if d.experiment_name not in known]
 
 
 def decision_row(d: Any) -> dict[str, Any]:

@@ -119,3 +119,22 @@ def test_reconcile_after_flushdb_rebuilds_the_queue(ledger, settings, tmp_path: 
     assert sorted(q.waiting()) == sorted(r.run_key for r in ledger.runs())
     again = reconcile(ledger, settings, [q], actor="test")
     assert again.requeued == 0 and len(q.queue.get_job_ids()) == 4
+
+
+def test_over_cap_is_decided_not_queued_then_accepted(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from ggpo_batch.errors import CostCapExceeded
+
+    spec = _spec(tmp_path, SPEC.replace('executor = "local"', 'executor = "local"\nmax_gpu_hours = 0.001'))
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    with pytest.raises(CostCapExceeded, match="nothing queued"):
+        enqueue_spec(ledger, settings, spec, actor="carol")
+    assert q.waiting() == {}
+    assert {r.state for r in ledger.runs()} == {"not_reproduced"} and len(ledger.runs()) == 4
+    [d] = ledger.decisions("q")
+    assert (d.kind, d.review_done, d.automatic_retry, d.decided_by) == ("not_reproduced_high_cost", False, False,
+                                                                       "carol")
+    assert d.estimated_gpu_hours == pytest.approx(4 * 4 * 5 / 3600) and d.cap_gpu_hours == 0.001
+    res = enqueue_spec(ledger, settings, spec, accept_cost_reason="pilot, approved by PI", actor="carol")
+    assert res.enqueued == 4 and sorted(q.waiting()) == sorted(r.run_key for r in ledger.runs())
+    assert {r.state for r in ledger.runs()} == {"queued"}
+    assert [x.kind for x in ledger.decisions("q")] == ["not_reproduced_high_cost", "cost_accepted"]

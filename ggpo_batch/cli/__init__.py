@@ -106,3 +106,5 @@ def main() -> None:
 
 from . import ledger_cmds  # noqa: E402,F401  (registers commands)
 from . import queue_cmds  # noqa: E402,F401
+from . import report_cmds  # noqa: E402,F401
+from . import nightly_cmds  # noqa: E402,F401

@@ -6,7 +6,7 @@ import click
 
 from ..config import redact
 from . import App, cli, echo_json, pass_app
-from .tables import print_status
+from .tables import print_decided, print_status
 
 
 @cli.group()
@@ -93,11 +93,22 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 @click.option("--experiment", "-e", help="Only this experiment (all its versions).")
 @click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+@click.option("--components", is_flag=True, help="Nightly CPU component runs instead: last nights, moved metrics, "
+              "missed nights.")
+@click.option("--nights", default=14, show_default=True, type=click.IntRange(1, 365), help="With --components.")
+@click.option("--threshold", default=0.1, show_default=True, type=click.FloatRange(0, None),
+              help="With --components: relative change of a metric's mean that counts as moved.")
 @pass_app
-def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool) -> None:
+def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool, components: bool,
+           nights: int, threshold: float) -> None:
     """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
+    if components:
+        from .nightly_cmds import component_status_view
+
+        component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
+        return
     from ..ledger.schema import RUN_STATES
-    from ..status import experiment_status
+    from ..status import decided_experiments, experiment_status
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
@@ -106,10 +117,14 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
     data = experiment_status(led, experiment=experiment, states=states or None,
                              queue_info=_queue_info(app, {e.queue or app.settings.queue for e in led.experiments(experiment)
                                                           if e.source == "spec"}))
+    wants_decided = not states or "not_reproduced" in states
+    decided = decided_experiments(led, experiment=experiment) if wants_decided else []
     if as_json:
-        echo_json({"experiments": data})
+        echo_json({"experiments": data, "decided": decided})
     else:
-        print_status(data)
+        if data or not decided:
+            print_status(data)
+        print_decided(decided)
 
 
 def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
@@ -132,3 +147,4 @@ def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
         click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
         return {}
     return info
+

@@ -61,13 +61,14 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                    "cost_basis": res.estimate.cost_basis if res.estimate else None,
                    "within_caps": res.cap.ok if res.cap else None})
         return
-    for r in res.runs:
-        e = est.get(r.run_key)
-        mark = "new" if r.run_key in res.new_runs else "exists"
-        click.echo(f"  {r.run_key:<48} {r.gpus} GPUs  {e.gpu_hours if e else 0:8.3f} GPU-h est  ({mark})")
-    if res.estimate:
-        click.echo(f"estimate: {res.estimate.total_gpu_hours:.3f} GPU-hours for {len(res.estimate.runs)} new run(s) "
-                   f"({res.estimate.cost_basis}); {res.cap.message if res.cap else ''}")
+    from ..costguard import describe
+
+    if res.estimate and (res.dry_run or len(res.estimate.runs) <= 50):
+        for line in describe(res.estimate, res.cap):
+            click.echo(line)
+    elif res.estimate:
+        click.echo(f"estimated total: {res.estimate.total_gpu_hours:.2f} GPU-h for {len(res.estimate.runs)} runs "
+                   f"({res.estimate.cost_basis})")
     if res.dry_run:
         click.echo("dry run: nothing written")
     else:

@@ -6,6 +6,7 @@ import sys
 from typing import Any, Sequence
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 
@@ -26,9 +27,16 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
         t = Table(title=f"{exp['experiment']} v{exp['version']}  ({exp['method']}, {exp['source']}, "
                         f"{exp['gpus']} GPUs/run)", title_justify="left")
         for col, just in (("arm", "left"), ("seed", "right"), ("state", "left"), ("attempts", "right"),
-                          ("steps", "right"), ("elapsed s", "right"), ("alloc GPU-h", "right"), ("note", "left")):
+                          ("steps", "right"), ("elapsed s", "right"), ("alloc GPU-h", "right"), ("est GPU-h", "right"),
+                          ("note", "left")):
             t.add_column(col, justify=just)  # type: ignore[arg-type]
-        for r in exp["runs"]:
+        # Runs decided not to reproduce (no GPU spent) are listed apart from failed ones.
+        ran = [r for r in exp["runs"] if r["state"] != "not_reproduced"]
+        decided = [r for r in exp["runs"] if r["state"] == "not_reproduced"]
+        for i, r in enumerate(ran + decided):
+            if i == len(ran) and decided:
+                t.add_section()
+                t.add_row("[b]decided[/b]", "", "", "", "", "", "", "", "not reproduced: no GPU spent, not failed")
             note = []
             if r.get("queue_position") is not None:
                 note.append(f"queue #{r['queue_position']}")
@@ -39,20 +47,36 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
             if r.get("accounting_disagreement"):
                 note.append("GPU-h job/slurm disagree >1%")
             if r.get("cause"):
-                note.append(str(r["cause"])[:60])
+                note.append(escape(str(r["cause"])[:60]))
             t.add_row(r["arm"], str(r["seed"]), r["state"], str(r["attempts"]), _f(r["steps"]),
-                      _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), "; ".join(note))
+                      _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), _f(r.get("estimated_gpu_hours"), 3),
+                      "; ".join(note))
         t.add_section()
         for arm, tot in exp["arms"].items():
             t.add_row(f"[b]{arm}[/b] total", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
-                      _f(tot["allocated_gpu_hours"], 4), "")
+                      _f(tot["allocated_gpu_hours"], 4), "", "")
         tot = exp["totals"]
         t.add_section()
         t.add_row("[b]experiment total[/b]", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
-                  f"[b]{_f(tot['allocated_gpu_hours'], 4)}[/b]", "")
+                  f"[b]{_f(tot['allocated_gpu_hours'], 4)}[/b]", _f(exp.get("estimated_gpu_hours"), 3), "")
         console.print(t)
         for d in exp.get("decisions", []):
-            console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}")
+            console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}",
+                          markup=False)
+
+
+def print_decided(decisions: Sequence[dict[str, Any]], console: Console | None = None) -> None:
+    """Experiments decided before anything was queued: not failed, never run."""
+    if not decisions:
+        return
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    t = Table(title="decided, never queued (not failures: no GPU spent)", title_justify="left")
+    for col in ("experiment", "decision", "est GPU-h", "cap GPU-h", "by", "review done", "resolution"):
+        t.add_column(col, justify="right" if "GPU" in col else "left")
+    for d in decisions:
+        t.add_row(d["experiment"], d["kind"], _f(d["estimated_gpu_hours"], 2), _f(d["cap_gpu_hours"], 2),
+                  escape(d["decided_by"]), "yes" if d["review_done"] else "no", escape(str(d["resolution"] or "")[:80]))
+    console.print(t)
 
 
 def _states(states: dict[str, int]) -> str:

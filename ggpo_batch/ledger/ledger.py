@@ -6,14 +6,17 @@ and appends an `events` row (who, when, from, to, why) in that same transaction.
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
-from sqlalchemy import Engine, func, select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker, undefer
 
 from ..errors import LedgerError
 from .schema import (
@@ -29,6 +32,7 @@ from .schema import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Allowed run transitions. Leaving a final state (back to queued) always needs a reason:
 # a manual retry, an accepted cost, or an infrastructure retry the spec allows.
@@ -68,12 +72,45 @@ class QuotaExceeded(LedgerError):
         self.queue, self.used, self.gpus, self.limit = queue, used, gpus, limit
 
 
-class Ledger:
-    """The ledger on one database. Cheap to create; holds only an engine."""
+def _retrying(method: Callable[..., T]) -> Callable[..., T]:
+    """Re-run a whole ledger call while the database is unreachable (PostgreSQL restarting, SQLite
+    locked), with exponential backoff up to the ledger's `retry_seconds`; each call is one
+    transaction, so a retry repeats it from the start and never half-applies it."""
 
-    def __init__(self, engine: Engine) -> None:
+    @functools.wraps(method)
+    def wrapper(self: "Ledger", *args: Any, **kwargs: Any) -> T:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.25
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                first = str(exc.orig).splitlines()[0] if getattr(exc, "orig", None) else type(exc).__name__
+                log.warning("ledger unavailable (%s); retrying %s in %.1f s", first, method.__name__, min(delay, left))
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 5.0)
+
+    return wrapper
+
+
+class Ledger:
+    """The ledger on one database. Cheap to create; holds only an engine.
+
+    Every public method is one transaction and is retried while the database is unreachable,
+    for at most `retry_seconds` (default 120: a PostgreSQL restart does not lose a transition).
+    """
+
+    def __init__(self, engine: Engine, *, retry_seconds: float = 120.0) -> None:
         self.engine = engine
+        self.retry_seconds = retry_seconds
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:  # pragma: no cover - no subclasses today
+        super().__init_subclass__(**kwargs)
+        _wrap_public(cls)
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -116,8 +153,14 @@ class Ledger:
     def latest_experiment(self, name: str) -> Experiment | None:
         with self.session() as s:
             return s.scalars(
-                select(Experiment).where(Experiment.name == name).order_by(Experiment.version.desc()).limit(1)
+                select(Experiment).options(undefer(Experiment.spec)).where(Experiment.name == name)
+                .order_by(Experiment.version.desc()).limit(1)
             ).one_or_none()
+
+    def run_states(self, experiment_id: int) -> dict[str, str]:
+        """Run key -> state for one experiment version (cheap: no JSON columns)."""
+        with self.session() as s:
+            return dict(s.execute(select(Run.run_key, Run.state).where(Run.experiment_id == experiment_id)).all())
 
     def create_experiment(self, *, name: str, version: int, method: str, source: str, spec_hash: str,
                           spec: Mapping[str, Any], gpus: int, actor: str, runs: Sequence[NewRun],
@@ -132,17 +175,25 @@ class Ledger:
             return exp
 
     def add_runs(self, experiment_id: int, runs: Sequence[NewRun], *, actor: str, state: str = "queued",
-                 reason: str | None = None) -> list[Run]:
+                 reason: str | None = None) -> list[int]:
         """Add runs to an existing experiment version (e.g. arms first enqueued with --arms)."""
         with self.session() as s:
-            rows = [Run(experiment_id=experiment_id, run_key=nr.run_key, arm=nr.arm, seed=nr.seed, state=state,
-                        config_hash=nr.config_hash, run_spec=dict(nr.run_spec), retries_allowed=nr.retries_allowed,
-                        estimated_gpu_hours=nr.estimated_gpu_hours) for nr in runs]
-            s.add_all(rows)
-            s.flush()
-            for run in rows:
-                self._event(s, entity="run", to_state=state, actor=actor, reason=reason, run=run)
-            return rows
+            return self._insert_runs(s, experiment_id, runs, [state] * len(runs), actor=actor, reason=reason)
+
+    def _insert_runs(self, s: Session, experiment_id: int, runs: Sequence[NewRun], states: Sequence[str], *,
+                     actor: str, reason: str | None) -> list[int]:
+        """Bulk INSERT ... RETURNING for runs and their first events: 10,000 runs in well under a second."""
+        if not runs:
+            return []
+        now = utcnow()
+        params = [dict(experiment_id=experiment_id, run_key=nr.run_key, arm=nr.arm, seed=nr.seed, state=st,
+                       config_hash=nr.config_hash, run_spec=dict(nr.run_spec), retries_allowed=nr.retries_allowed,
+                       estimated_gpu_hours=nr.estimated_gpu_hours, created_at=now, updated_at=now)
+                  for nr, st in zip(runs, states)]
+        rows = s.execute(insert(Run).returning(Run.id, Run.state, sort_by_parameter_order=True), params).all()
+        s.execute(insert(Event), [dict(at=now, experiment_id=experiment_id, run_id=i, entity="run", from_state=None,
+                                       to_state=st, actor=actor, reason=reason) for i, st in rows])
+        return [i for i, _ in rows]
 
     def import_finished(self, *, name: str, version: int, method: str, spec_hash: str, spec: Mapping[str, Any],
                         gpus: int, actor: str, source_path: str, runs: Sequence[NewRun],
@@ -156,7 +207,9 @@ class Ledger:
             exp, rows = self._create(s, name=name, version=version, method=method, source="import",
                                      spec_hash=spec_hash, spec=spec, gpus=gpus, actor=actor, runs=runs,
                                      states=[o[0] for o in outcomes], source_path=source_path, reason=reason)
-            for run, (state, result, fields) in zip(rows, outcomes):
+            for run_id, (state, result, fields) in zip(rows, outcomes):
+                run = s.get(Run, run_id)
+                assert run is not None
                 run.result = dict(result)
                 att = Attempt(run_id=run.id, number=1, executor="import", state=state, submitted_by=actor,
                               **dict(fields))
@@ -168,21 +221,14 @@ class Ledger:
     def _create(self, s: Session, *, name: str, version: int, method: str, source: str, spec_hash: str,
                 spec: Mapping[str, Any], gpus: int, actor: str, runs: Sequence[NewRun], states: Sequence[str],
                 source_path: str | None = None, queue: str | None = None, max_gpu_hours: float | None = None,
-                reason: str | None = None) -> tuple[Experiment, list[Run]]:
+                reason: str | None = None) -> tuple[Experiment, list[int]]:
         exp = Experiment(name=name, version=version, method=method, source=source, source_path=source_path,
                          spec_hash=spec_hash, spec=dict(spec), queue=queue, gpus=gpus,
                          max_gpu_hours=max_gpu_hours, created_by=actor)
         s.add(exp)
         s.flush()
         self._event(s, entity="experiment", to_state="created", actor=actor, reason=reason, experiment_id=exp.id)
-        rows = [Run(experiment_id=exp.id, run_key=nr.run_key, arm=nr.arm, seed=nr.seed, state=state,
-                    config_hash=nr.config_hash, run_spec=dict(nr.run_spec), retries_allowed=nr.retries_allowed,
-                    estimated_gpu_hours=nr.estimated_gpu_hours)
-                for nr, state in zip(runs, states)]
-        s.add_all(rows)
-        s.flush()
-        for run in rows:
-            self._event(s, entity="run", to_state=run.state, actor=actor, reason=reason, run=run)
+        rows = self._insert_runs(s, exp.id, runs, states, actor=actor, reason=reason)
         return exp, rows
 
     def get_run(self, run_key: str) -> Run:
@@ -442,6 +488,87 @@ class Ledger:
                 q = q.where(Decision.experiment_name == experiment_name)
             return list(s.scalars(q))
 
+    # -- cost guard: history, committed GPU-hours, decisions that move runs -------------------------
+
+    def succeeded_attempts(self, *, method: str, gpus: int | None = None,
+                           limit: int = 500) -> list[tuple[Experiment, Run, Attempt]]:
+        """Succeeded attempts with an elapsed time, of runs of `method` (and `gpus`), newest first.
+
+        The cost guard's history; the caller reads each run's result record (`run.result`).
+        """
+        with self.session() as s:
+            q = (select(Experiment, Run, Attempt).join(Run, Run.experiment_id == Experiment.id)
+                 .join(Attempt, Attempt.run_id == Run.id)
+                 .where(Experiment.method == method, Attempt.state == "succeeded",
+                        Attempt.elapsed_seconds.is_not(None))
+                 .order_by(Attempt.id.desc()).limit(limit))
+            if gpus is not None:
+                q = q.where(Attempt.gpus == gpus)
+            return [(e, r, a) for e, r, a in s.execute(q).all()]
+
+    def committed_gpu_hours(self, *, user: str | None = None, queue: str | None = None) -> tuple[float, float]:
+        """(spent, in flight) GPU-hours of the experiments created by `user` and/or on `queue`.
+
+        Spent books each attempt's figure (the scheduler's, else the job's own); in flight is the
+        estimate of every run still queued, submitted or running.
+        """
+        with self.session() as s:
+            spent_q = (select(func.coalesce(func.sum(func.coalesce(Attempt.gpu_hours_scheduler,
+                                                                       Attempt.gpu_hours_job)), 0.0))
+                       .join(Run, Run.id == Attempt.run_id).join(Experiment, Experiment.id == Run.experiment_id))
+            flight_q = (select(func.coalesce(func.sum(Run.estimated_gpu_hours), 0.0))
+                        .join(Experiment, Experiment.id == Run.experiment_id)
+                        .where(Run.state.in_(("queued",) + ACTIVE_RUN_STATES)))
+            if user is not None:
+                spent_q = spent_q.where(Experiment.created_by == user)
+                flight_q = flight_q.where(Experiment.created_by == user)
+            if queue is not None:
+                spent_q = spent_q.where(Experiment.queue == queue)
+                flight_q = flight_q.where(Experiment.queue == queue)
+            return float(s.scalar(spent_q) or 0.0), float(s.scalar(flight_q) or 0.0)
+
+    def apply_decision(self, *, experiment_name: str, kind: str, actor: str, fields: Mapping[str, Any],
+                       experiment_id: int | None = None, run_state: str | None = None,
+                       new_experiment: Mapping[str, Any] | None = None,
+                       new_runs: Sequence[NewRun] = ()) -> tuple[Decision, list[str]]:
+        """Record a cost decision and move runs with it, in one transaction; returns (decision, moved run keys).
+
+        `new_experiment` (create_experiment's keywords, without runs) creates the experiment with
+        `new_runs` already in `not_reproduced`. `run_state="not_reproduced"` moves the experiment's
+        queued runs there (runs that started already cost GPU-hours and are left alone);
+        `run_state="queued"` puts its not_reproduced runs back in the queue (the cost was accepted).
+        """
+        if run_state not in (None, "not_reproduced", "queued"):
+            raise LedgerError(f"a decision moves runs to not_reproduced or queued, not {run_state!r}")
+        why = fields.get("reason") or fields.get("resolution") or kind
+        moved: list[str] = []
+        with self.session() as s:
+            if new_experiment is not None:
+                exp, rows = self._create(s, **dict(new_experiment), actor=actor, runs=new_runs,
+                                         states=["not_reproduced"] * len(new_runs), reason=why)
+                experiment_id = exp.id
+                if rows:
+                    s.execute(update(Run).where(Run.id.in_(rows)).values(cause=why))
+                moved = [nr.run_key for nr in new_runs]
+            elif run_state is not None and experiment_id is not None:
+                source = "queued" if run_state == "not_reproduced" else "not_reproduced"
+                keys = list(s.scalars(select(Run.run_key).where(Run.experiment_id == experiment_id,
+                                                                Run.state == source).order_by(Run.id)))
+                for key in keys:
+                    run = self._locked_run(s, key)
+                    if run.state != source:  # moved by someone else since the select
+                        continue
+                    self._move(s, run, run_state, actor, why)
+                    run.cause = why if run_state == "not_reproduced" else None
+                    moved.append(key)
+            d = Decision(experiment_name=experiment_name, experiment_id=experiment_id, kind=kind, decided_by=actor,
+                         **dict(fields))
+            s.add(d)
+            s.flush()
+            self._event(s, entity="decision", to_state=kind, actor=actor, reason=why, experiment_id=experiment_id)
+            log.info("decision %s on %s by %s; runs moved: %d", kind, experiment_name, actor, len(moved))
+            return d, moved
+
     def record_artifact(self, *, path: str, sha256: str, size_bytes: int, kind: str, run_id: int | None = None,
                         component_run_id: int | None = None) -> Artifact:
         with self.session() as s:
@@ -492,3 +619,12 @@ class Ledger:
             if component_run_id is not None:
                 q = q.where(Artifact.component_run_id == component_run_id)
             return list(s.scalars(q))
+
+
+def _wrap_public(cls: type) -> None:
+    for name, value in list(vars(cls).items()):
+        if callable(value) and not name.startswith("_") and name != "session" and not isinstance(value, staticmethod):
+            setattr(cls, name, _retrying(value))
+
+
+_wrap_public(Ledger)

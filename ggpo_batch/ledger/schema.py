@@ -66,7 +66,8 @@ class Experiment(Base):
     source: Mapped[str] = mapped_column(String(16))  # spec | import
     source_path: Mapped[Optional[str]] = mapped_column(Text)
     spec_hash: Mapped[str] = mapped_column(String(64))
-    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Deferred: a big spec (1,000 seeds) must not be decoded for every run row that joins it.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
     queue: Mapped[Optional[str]] = mapped_column(String(64))
     gpus: Mapped[int] = mapped_column(Integer)
     max_gpu_hours: Mapped[Optional[float]] = mapped_column(Float)

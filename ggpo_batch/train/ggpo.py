@@ -113,7 +113,14 @@ def ggpo_loss(
         raise ValueError("logprobs, behaviour_logprobs, reference_logprobs and loss_mask must share a shape")
     if advantages.shape != logprobs.shape[:1]:
         raise ValueError(f"advantages must be [B]={tuple(logprobs.shape[:1])}, got {tuple(advantages.shape)}")
-    mask = loss_mask.to(logprobs.dtype)
+    keep = loss_mask.bool()
+    mask = keep.to(logprobs.dtype)
+    # Zero every log-prob outside the mask BEFORE exp(): a padding sentinel such as -1e4 would
+    # overflow to inf, and inf x 0 is NaN, in the loss and in the gradient.
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    logprobs = torch.where(keep, logprobs, zero)
+    behaviour_logprobs = torch.where(keep, behaviour_logprobs, zero)
+    reference_logprobs = torch.where(keep, reference_logprobs, zero)
     adv = advantages.to(logprobs.dtype)[:, None]
     ratio = torch.exp(logprobs - behaviour_logprobs.detach())
     clipped = torch.clamp(ratio, 1.0 - config.clip_epsilon, 1.0 + config.clip_epsilon)

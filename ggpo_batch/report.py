@@ -1,0 +1,175 @@
+"""Experiment report: per-arm statistics, arm-vs-baseline differences paired by seed, spent and decided totals.
+
+Pure data (dicts), so the CLI prints a table or JSON of the same content and `plots` draws it.
+Statistics are {"mean", "std", "n"} as in the seed-003 record; std is the sample std (n - 1),
+None for fewer than two values. Step, budget, token and exposure figures come from the run's
+result record and count succeeded runs only (a failed run's steps are not comparable);
+GPU-hours count every run that spent any, failures included, summed over all its attempts.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Sequence
+
+from .accounting import attempt_gpu_hours
+from .costguard import KIND_NOT_REPRODUCED
+from .errors import LedgerError
+from .ledger import Ledger
+from .ledger.schema import Run
+from .status import decision_row
+
+EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
+                 "shared_trajectories")
+# Per-seed metrics differenced against the baseline arm.
+PAIRED_METRICS = ("steps", "allocated_gpu_hours", "overshoot_fraction", "loop_seconds", "elapsed_seconds")
+
+
+def stat(values: Iterable[float]) -> dict[str, Any]:
+    """{"mean", "std", "n"}: fsum mean (order independent), sample std, None where undefined."""
+    xs = list(values)
+    n = len(xs)
+    if n == 0:
+        return {"mean": None, "std": None, "n": 0}
+    return {"mean": math.fsum(xs) / n, "std": statistics.stdev(xs) if n > 1 else None, "n": n}
+
+
+def _with_total(values: Sequence[float]) -> dict[str, Any]:
+    return {**stat(values), "total": math.fsum(values)}
+
+
+def run_gpu_hours(run: Run) -> float | None:
+    """GPU-hours booked for a run: every attempt's figure (the scheduler's, else the job's own)."""
+    costs = [c for c in (attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler) for a in run.attempts)
+             if c is not None]
+    return math.fsum(costs) if costs else None
+
+
+def _per_run(run: Run) -> dict[str, Any]:
+    """The figures of one run the report aggregates (None where the run has no result record)."""
+    out: dict[str, Any] = {"seed": run.seed, "state": run.state, "allocated_gpu_hours": run_gpu_hours(run),
+                           "attempts": len(run.attempts)}
+    res = run.result if run.state == "succeeded" and run.result else None
+    if res is None:
+        return out
+    tr, bu, ti = res.get("training", {}), res.get("budget", {}), res.get("timing", {})
+    counts = tr.get("counts", {})
+    out.update(steps=counts.get("steps"), overshoot_fraction=bu.get("overshoot_fraction"),
+               loop_seconds=bu.get("loop_seconds"), elapsed_seconds=ti.get("elapsed_seconds"),
+               tokens={k: v for k, v in tr.get("cost", {}).items() if isinstance(v, (int, float))},
+               exposure={k: counts.get(k, bu.get(k)) for k in EXPOSURE_KEYS if counts.get(k, bu.get(k)) is not None},
+               exposure_templates=dict(bu.get("exposure_templates") or {}))
+    out["tokens"]["nonzero_advantage_tokens"] = counts.get("nonzero_advantage_tokens")
+    out["tokens"] = {k: v for k, v in out["tokens"].items() if v is not None}
+    return out
+
+
+def _values(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if r.get(key) is not None]
+
+
+def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    states: dict[str, int] = defaultdict(int)
+    for r in rows:
+        states[r["state"]] += 1
+    ok = [r for r in rows if "steps" in r]
+    token_keys = sorted({k for r in ok for k in r["tokens"]})
+    exposure_keys = [k for k in EXPOSURE_KEYS if any(k in r["exposure"] for r in ok)]
+    templates: dict[str, int] = defaultdict(int)
+    for r in ok:
+        for t, n in r["exposure_templates"].items():
+            templates[t] += n
+    return {
+        "runs": len(rows),
+        "states": dict(sorted(states.items())),
+        "attempts": sum(r["attempts"] for r in rows),
+        "steps": stat(_values(ok, "steps")),
+        "allocated_gpu_hours": _with_total(_values(rows, "allocated_gpu_hours")),
+        "overshoot_fraction": stat(_values(ok, "overshoot_fraction")),
+        "loop_seconds": stat(_values(ok, "loop_seconds")),
+        "elapsed_seconds": stat(_values(ok, "elapsed_seconds")),
+        "tokens": {k: _with_total([r["tokens"][k] for r in ok if k in r["tokens"]]) for k in token_keys},
+        "exposure": {k: stat([r["exposure"][k] for r in ok if k in r["exposure"]]) for k in exposure_keys},
+        "exposure_templates": dict(sorted(templates.items())),
+        "per_seed": {str(r["seed"]): {k: r.get(k) for k in ("state", "steps", "allocated_gpu_hours",
+                                                              "overshoot_fraction")} for r in rows},
+    }
+
+
+def _paired(by_arm: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str) -> dict[str, Any]:
+    base = {r["seed"]: r for r in by_arm.get(baseline, ()) if "steps" in r}
+    out: dict[str, Any] = {}
+    for arm, rows in sorted(by_arm.items()):
+        if arm == baseline:
+            continue
+        mine = {r["seed"]: r for r in rows if "steps" in r}
+        seeds = sorted(set(mine) & set(base))
+        diffs: dict[str, Any] = {"seeds": seeds}
+        keys = list(PAIRED_METRICS) + sorted({k for s in seeds for k in mine[s]["tokens"]
+                                               if k in base[s]["tokens"]})
+        for key in keys:
+            per_seed = {}
+            for s in seeds:
+                a = mine[s]["tokens"].get(key) if key not in PAIRED_METRICS else mine[s].get(key)
+                b = base[s]["tokens"].get(key) if key not in PAIRED_METRICS else base[s].get(key)
+                if a is not None and b is not None:
+                    per_seed[str(s)] = a - b
+            diffs[key] = {**stat(per_seed.values()), "per_seed": per_seed}
+        out[arm] = diffs
+    return out
+
+
+def _decided_not_spent(runs: Sequence[Run], decisions: Sequence[Any]) -> float | None:
+    decided = [r for r in runs if r.state == "not_reproduced"]
+    if decided:
+        known = [r.estimated_gpu_hours for r in decided if r.estimated_gpu_hours is not None]
+        return math.fsum(known) if known else None
+    if decisions and decisions[-1].kind == KIND_NOT_REPRODUCED and not any(r.attempts for r in runs):
+        return decisions[-1].estimated_gpu_hours
+    return 0.0
+
+
+def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = None,
+                      baseline: str = "clean") -> dict[str, Any]:
+    """The report of one experiment version (default: the latest); decisions alone if it never ran."""
+    versions = ledger.experiments(experiment)
+    decisions = ledger.decisions(experiment)
+    if not versions and not decisions:
+        raise LedgerError(f"no experiment {experiment!r} in the ledger (and no decision about it)")
+    exp = None
+    if versions:
+        exp = versions[-1] if version is None else next((e for e in versions if e.version == version), None)
+        if exp is None:
+            have = ", ".join(str(e.version) for e in versions)
+            raise LedgerError(f"experiment {experiment!r} has no version {version} (versions: {have})")
+    elif version is not None:
+        raise LedgerError(f"experiment {experiment!r} was decided, never put in the ledger: it has no versions")
+    runs = ledger.runs(experiment_id=exp.id) if exp is not None else []
+    rows = [_per_run(r) for r in runs]
+    by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run, row in zip(runs, rows):
+        by_arm[run.arm].append(row)
+    mine = [d for d in decisions if exp is None or d.experiment_id in (None, exp.id)]
+    spent = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
+    estimates = [r.estimated_gpu_hours for r in runs if r.estimated_gpu_hours is not None]
+    return {
+        "experiment": experiment,
+        "version": exp.version if exp else None,
+        "method": exp.method if exp else None,
+        "source": exp.source if exp else None,
+        "gpus": exp.gpus if exp else None,
+        "baseline": baseline if baseline in by_arm else None,
+        "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
+        "paired_vs_baseline": _paired(by_arm, baseline) if baseline in by_arm else {},
+        "totals": {
+            "runs": len(runs),
+            "attempts": sum(r["attempts"] for r in rows),
+            "spent_gpu_hours": math.fsum(spent),
+            "decided_not_spent_gpu_hours": _decided_not_spent(runs, mine),
+            "decided_runs": sum(1 for r in runs if r.state == "not_reproduced"),
+            "estimated_gpu_hours": math.fsum(estimates) if estimates else None,
+        },
+        "decisions": [decision_row(d) for d in mine],
+    }

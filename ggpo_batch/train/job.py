@@ -1,0 +1,159 @@
+"""The payload of one allocation: `TrainingJob(spec_json, output)()` trains one run, writes its record.
+
+Ranks come from submitit (4 tasks on a 4-GPU node) or from torchrun-style env vars
+(RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT; `launch.train_local` sets them). This module
+is the edge that reads the environment; nothing below it does.
+
+Preemption: submitit calls `checkpoint()` on rank 0 (its USR2 hook) and requeues the job; the
+requeued job resumes from the last checkpoint in `<output>.ckpt/`, written collectively every
+`train.checkpoint_every` steps and at once when any rank receives SIGUSR1 or SIGTERM (outside
+submitit, the job then exits with `Preempted` and a rerun of the same command resumes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from ..errors import GgpoError
+from ..record import require_valid, run_key
+from ..runspec import RunSpec
+from .config import TrainConfig
+
+log = logging.getLogger(__name__)
+
+
+class Preempted(GgpoError):
+    """The job checkpointed on a preemption signal and stopped; rerun it to resume."""
+
+    exit_code = 75
+
+
+def _distributed_env() -> tuple[int, int, int, bool]:
+    """(rank, world, local_rank, under_submitit); exports MASTER_* for torch's env:// init."""
+    try:
+        env = submitit.helpers.TorchDistributedEnvironment().export()
+        return env.rank, env.world_size, env.local_rank, True
+    except RuntimeError:  # not inside a submitit job
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+                int(os.environ.get("LOCAL_RANK", "0")), False)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+
+
+class TrainingJob(submitit.helpers.Checkpointable):
+    def __init__(self, spec_json: str, output: str) -> None:
+        self.spec_json = spec_json
+        self.output = output
+        self._stop_requested = False
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """submitit's preemption hook (rank 0, inside a signal handler: no collectives possible)."""
+        self._stop_requested = True
+        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec_json, self.output))
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        log.warning("signal %s: checkpointing at the end of the batch in flight", signal.Signals(signum).name)
+        self._stop_requested = True
+
+    def __call__(self) -> dict[str, Any]:
+        t0 = time.time()
+        rank, world, local_rank, under_submitit = _distributed_env()
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+        import torch.distributed as dist
+
+        from .trainer import Trainer
+
+        logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
+        spec = RunSpec.from_json(self.spec_json)
+        cfg = TrainConfig.from_table(spec.train, "<run spec>")
+        if cfg.prompts_per_step % world:
+            raise GgpoError(f"<run spec>: train.prompts_per_step {cfg.prompts_per_step} must be a multiple of the "
+                            f"{world} ranks")
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank)
+        device = torch.device(f"cuda:{local_rank}" if cuda else "cpu")
+        deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._on_signal)
+        output, ckpt = Path(self.output), Path(self.output + ".ckpt")
+        trainer = Trainer(spec, cfg, rank=rank, world=world, device=device,
+                          budget_seconds=spec.loop_budget_seconds)
+        try:
+            resumed = trainer.load(ckpt)
+            # Elapsed time of earlier attempts (up to their checkpoint) stays on the bill.
+            t0 -= trainer.state.prior_elapsed_seconds if resumed else 0.0
+            done = bool(trainer.state.step) and trainer.state.loop_seconds >= spec.loop_budget_seconds
+            while not done:
+                done = trainer.step()
+                flag = torch.tensor([int(self._stop_requested)], device=device)  # NCCL reduces device tensors only
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                periodic = cfg.checkpoint_every and trainer.state.step % cfg.checkpoint_every == 0
+                if int(flag) or (periodic and not done):
+                    trainer.state.prior_elapsed_seconds = time.time() - t0
+                    trainer.save(ckpt)
+                if int(flag) and not done:
+                    raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
+            weights = trainer.export(Path(self.output + ".policy.safetensors"))
+            digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
+            rank_digests: list[str | None] = [None] * world
+            dist.all_gather_object(rank_digests, digest)  # the ranks must hold the same policy
+            training_seconds = time.time() - t0
+            t1 = time.time()
+            audit = trainer.run_audit()
+            audit_seconds = time.time() - t1
+            t2 = time.time()
+            evaluation = trainer.evaluate()
+            evaluation_seconds = time.time() - t2
+            elapsed = time.time() - t0
+            from .result import build_record
+
+            st = trainer.state
+            record = build_record(
+                arm=spec.arm, seed=spec.seed, totals=trainer.totals(), templates=trainer.template_totals(),
+                steps=st.step, audit_ok=audit.ok, loop_seconds=st.loop_seconds,
+                budget_seconds=spec.loop_budget_seconds, last_batch_seconds=st.last_batch_seconds, gpus=spec.gpus,
+                training_seconds=training_seconds, audit_seconds=audit_seconds,
+                evaluation_seconds=evaluation_seconds, elapsed_seconds=elapsed)
+            shared = [record]
+            dist.broadcast_object_list(shared, src=0)  # every rank returns rank 0's record (its clocks)
+            record = shared[0]
+            if rank == 0:
+                require_valid(run_key(spec.seed, spec.arm.name), record)
+                details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
+                           "audit": {"steps_checked": audit.steps_checked, "problems": audit.problems},
+                           "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
+                           "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
+                           "rank_policy_sha256": rank_digests}
+                output.parent.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(Path(self.output + ".details.json"), details)
+                write_json_atomic(output, record)
+            return record
+        finally:
+            trainer.close()
+            dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
+            dist.destroy_process_group()
+
+
+def run_with_budget(spec: RunSpec, budget_seconds: float | None) -> RunSpec:
+    return spec if budget_seconds is None else replace(spec, loop_budget_seconds=float(budget_seconds))

@@ -1,0 +1,60 @@
+"""The policy network: a GPT-2 built from config over the byte vocabulary (no download)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from .config import TrainConfig
+from .tokenizer import EOS, VOCAB_SIZE
+
+
+def model_config(cfg: TrainConfig) -> GPT2Config:
+    # Dropout off: behaviour, policy and reference log-probs must agree on identical weights.
+    return GPT2Config(
+        vocab_size=VOCAB_SIZE, n_positions=cfg.n_positions, n_embd=cfg.n_embd, n_layer=cfg.n_layer,
+        n_head=cfg.n_head, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=EOS,
+        eos_token_id=EOS, pad_token_id=EOS, tie_word_embeddings=True,
+    )
+
+
+def build_model(cfg: TrainConfig, seed: int) -> GPT2LMHeadModel:
+    """The initial policy; every rank builds the identical one from the same seed."""
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(model_config(cfg))
+    model.eval()
+    return model
+
+
+def named_full_parameters(module: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, full tensor) of every parameter, gathering ZeRO-3 partitions one at a time (collective)."""
+    if zero_stage < 3:
+        for name, p in module.named_parameters():
+            yield name, p.detach()
+        return
+    import deepspeed
+
+    for name, p in module.named_parameters():
+        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
+            yield name, p.detach().clone()
+
+
+def full_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor]:
+    return {n: t.float().cpu().clone() for n, t in named_full_parameters(module, zero_stage)}
+
+
+def logprobs_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                temperature: float) -> torch.Tensor:
+    """Log-probs [B, T-1] of input_ids[:, 1:] under `model` (right-padded batch)."""
+    out = model(input_ids=input_ids, attention_mask=attention_mask)
+    return policy_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature)
+
+
+def policy_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-probs of targets under the policy's sampling distribution (tempered, env-only tokens removed)."""
+    from .ggpo import token_logprobs
+    from .tokenizer import policy_logits
+
+    return token_logprobs(policy_logits(logits) / temperature, targets)

@@ -1,0 +1,102 @@
+"""Rollout backends behind one small interface: the torch sampler here, vLLM in `vllm_backend`.
+
+A backend samples one continuation per prompt from the *behaviour* policy and returns the tokens
+with their log-probs; after each update the trainer pushes the new weights (`sync_weights`).
+The same training loop drives every backend.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .tokenizer import EOS, STOP_TOKENS, policy_logits
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: tuple[int, ...]  # sampled tokens, the stop token included when one was sampled
+    logprobs: tuple[float, ...]  # behaviour log-prob of each sampled token
+
+
+class RolloutBackend(abc.ABC):
+    """Samples continuations from the behaviour copy of the policy."""
+
+    @abc.abstractmethod
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+                 seed: int) -> list[Generation]:
+        """One continuation per prompt, stopping at EOS or SEARCH or after max_new_tokens."""
+
+    @abc.abstractmethod
+    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load the policy's current full weights into the behaviour copy."""
+
+    def sleep(self) -> None:
+        """Free accelerator memory during the update (vLLM); no-op where nothing is held."""
+
+    def wake(self) -> None:
+        """Undo `sleep` before the next rollouts."""
+
+    def close(self) -> None:
+        """Release the backend."""
+
+
+class TorchSampler(RolloutBackend):
+    """A hand-written batched sampler over an HF causal LM with a KV cache (left-padded prompts)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model.eval()
+
+    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in state.items():
+                own[name].copy_(tensor.to(own[name].dtype))
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+                 seed: int) -> list[Generation]:
+        if not prompts:
+            return []
+        device = next(self.model.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), EOS, dtype=torch.long, device=device)
+        attn = torch.zeros_like(ids)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+            attn[i, width - len(p):] = 1
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        past, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1] + 1
+        stop = torch.tensor(sorted(STOP_TOKENS), device=device)
+        done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        toks: list[list[int]] = [[] for _ in prompts]
+        lps: list[list[float]] = [[] for _ in prompts]
+        for _ in range(max_new_tokens):
+            logp = torch.log_softmax(policy_logits(logits) / temperature, dim=-1)
+            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+            for i in torch.nonzero(~done).flatten().tolist():
+                toks[i].append(int(tok[i]))
+                lps[i].append(float(lp[i]))
+            done |= torch.isin(tok, stop)
+            if bool(done.all()):
+                break
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
+                             past_key_values=past, use_cache=True)
+            past, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
+        return [Generation(tuple(t), tuple(l)) for t, l in zip(toks, lps)]
+
+
+def make_backend(kind: str, model: torch.nn.Module, **vllm_options: object) -> RolloutBackend:
+    """The configured backend over `model`, the behaviour copy (vLLM serves a saved copy of it)."""
+    if kind == "torch":
+        return TorchSampler(model)
+    from .vllm_backend import VllmBackend
+
+    return VllmBackend(model, **vllm_options)

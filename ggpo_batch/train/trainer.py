@@ -1,0 +1,344 @@
+"""The ggpo trainer: one run on one allocation, readable top to bottom.
+
+setup -> loop (rollouts, advantages, update, weight sync) until loop_seconds >= budget, finishing
+the batch in flight -> export -> audit -> evaluation. Every rank runs this; ranks split the step's
+groups, DeepSpeed averages gradients, and counts are summed across ranks at the end.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..runspec import RunSpec
+from .audit import AuditResult, StepEvidence, audit
+from .config import TrainConfig
+from .curriculum import Curriculum, GroupSpec
+from .environment import GENERATED, PAD_SOURCE, Trajectory, run_episodes, start
+from .ggpo import GgpoConfig, ggpo_loss, group_advantages
+from .model import build_model, full_state_dict, policy_token_logprobs
+from .retrieval import Retriever
+from .rollout import make_backend
+from .task import is_clean_answer, load, normalize, render
+from .tokenizer import EOS, encode
+
+log = logging.getLogger(__name__)
+
+COUNTS = ("nonzero_advantage_tokens", "trajectories", "shared_trajectories", "actual_exposed",
+          "exposed_with_nonzero_advantage", "retrieved_trajectories", "shared_groups")
+COSTS = ("rl_sequence_nonpadding_tokens", "rl_sequence_padded_tokens", "rl_loss_tokens",
+         "backend_generated_tokens", "backend_requested_input_tokens", "backend_calls",
+         "aux_sequence_nonpadding_tokens_including_dp_padding", "aux_sequence_padded_tokens", "aux_loss_tokens")
+AUX = ("groups_considered", "skipped_no_verified_target", "gold_checked_clean_answer", "examples",
+       "answer_tokens", "training_gold_with_support_title_coverage")
+
+
+@dataclass
+class LoopState:
+    """Everything a resumed job needs to continue the loop exactly where it stopped (per rank)."""
+
+    step: int = 0
+    loop_seconds: float = 0.0
+    last_batch_seconds: float = 0.0
+    prior_elapsed_seconds: float = 0.0
+    tally: Counter = field(default_factory=Counter)  # local counts, costs and aux sources
+    templates: Counter = field(default_factory=Counter)
+    aux_seen: set = field(default_factory=set)
+    history: list = field(default_factory=list)
+
+
+def _collate(rows: list[tuple[list[int], list[int], list[float]]]) -> tuple[torch.Tensor, ...]:
+    """Right-pad (tokens, sources, behaviour logprobs) rows into ids, attention, sources, logprobs."""
+    width = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), width), EOS, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    src = torch.full((len(rows), width), PAD_SOURCE, dtype=torch.uint8)
+    blp = torch.zeros((len(rows), width), dtype=torch.float32)
+    for i, (t, s, b) in enumerate(rows):
+        ids[i, : len(t)], attn[i, : len(t)] = torch.tensor(t), 1
+        src[i, : len(t)], blp[i, : len(t)] = torch.tensor(s, dtype=torch.uint8), torch.tensor(b)
+    return ids, attn, src, blp
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec, cfg: TrainConfig, *, rank: int, world: int, device: torch.device,
+                 budget_seconds: float) -> None:
+        import deepspeed
+
+        self.spec, self.cfg, self.rank, self.world, self.device = spec, cfg, rank, world, device
+        self.budget_seconds = budget_seconds
+        self.gcfg = GgpoConfig(**cfg.ggpo_kwargs)
+        self.data = load(cfg)
+        self.retriever = Retriever(self.data.corpus)
+        self.curriculum = Curriculum(spec.arm, self.data, group_size=cfg.group_size,
+                                     prompts_per_step=cfg.prompts_per_step,
+                                     exposures_per_step=cfg.exposures_per_step, seed=spec.seed)
+        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
+        model = build_model(cfg, spec.seed)
+        self.reference = copy.deepcopy(model).to(device).requires_grad_(False)
+        behaviour = copy.deepcopy(model).to(device).requires_grad_(False)
+        if bf16:
+            self.reference.to(torch.bfloat16)
+        ds_config = {
+            "train_micro_batch_size_per_gpu": 1,  # nominal: each step passes its whole local batch at once
+            "gradient_accumulation_steps": 1,
+            "gradient_clipping": cfg.grad_clip,
+            "zero_optimization": {"stage": cfg.zero_stage},
+            "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0, "torch_adam": True}},
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
+        vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed + rank,
+                        "device_index": device.index}
+        self.backend = make_backend(cfg.rollout, behaviour, **vllm_options)
+        self.state = LoopState()
+        self.evidence: list[StepEvidence] = []
+
+    # ---- one step -------------------------------------------------------------------------------
+    def _rollouts(self, groups: list[GroupSpec], step: int) -> list[list[Trajectory]]:
+        G = self.cfg.group_size
+        trajs: list[list[Trajectory]] = []
+        for g in groups:
+            per = G // len(g.parts)
+            trajs.append([start(item, tmpl, encode(render(tmpl, item))) for item, tmpl in g.parts for _ in range(per)])
+        flat = [t for ts in trajs for t in ts]
+        run_episodes(flat, self.backend, self.retriever, max_turns=self.cfg.max_turns,
+                     max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
+                     top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
+                     seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31))
+        return trajs
+
+    def _aux_examples(self, groups: list[GroupSpec], trajs: list[list[Trajectory]]) -> list[tuple[list[int], int]]:
+        """Supervised (tokens, answer_start) targets for exposed items whose gold answer is verified."""
+        tally, out = self.state.tally, []
+        for g, ts in zip(groups, trajs):
+            if not g.exposure:
+                continue
+            seen_titles = {title for t in ts for title in t.retrieved_titles}
+            for item, tmpl in g.parts:
+                if item.item_id in self.state.aux_seen:
+                    continue
+                self.state.aux_seen.add(item.item_id)
+                tally["groups_considered"] += 1
+                # Verified: the gold answer is stated by a passage BM25 finds for the question.
+                found = self.retriever.search(item.question, self.cfg.retrieval_top_k)
+                if not any(normalize(item.answer) in normalize(p.text) for p in found):
+                    tally["skipped_no_verified_target"] += 1
+                    continue
+                prompt, answer = encode(render(tmpl, item)), encode(" " + item.answer) + [EOS]
+                out.append((prompt + answer, len(prompt)))
+                tally["examples"] += 1
+                tally["answer_tokens"] += len(answer)
+                tally["gold_checked_clean_answer"] += int(is_clean_answer(item.answer))
+                tally["training_gold_with_support_title_coverage"] += int(item.support_title in seen_titles)
+        return out
+
+    def _aux_loss(self, examples: list[tuple[list[int], int]]) -> torch.Tensor | None:
+        n_max = torch.tensor([len(examples)], device=self.device)
+        dist.all_reduce(n_max, op=dist.ReduceOp.MAX)
+        if int(n_max) == 0:  # no rank has a target: no rank runs the forward (ZeRO-3 needs them paired)
+            return None
+        # Zero-loss DP padding: every rank runs the same number of aux rows.
+        rows = [(t, [GENERATED if i >= a else 0 for i in range(len(t))], [0.0] * len(t)) for t, a in examples]
+        pad = (encode("Answer:"), [0] * 7, [0.0] * 7)
+        rows += [pad] * (int(n_max) - len(examples))
+        ids, attn, src, _ = _collate(rows)
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        mask = (src[:, 1:] == GENERATED).to(self.device)
+        tally = self.state.tally
+        tally["aux_sequence_nonpadding_tokens_including_dp_padding"] += int(attn.sum())
+        tally["aux_sequence_padded_tokens"] += ids.numel()
+        tally["aux_loss_tokens"] += int(mask.sum())
+        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0)
+        return torch.where(mask, nll, 0.0).sum() / mask.sum().clamp(min=1)
+
+    def step(self) -> bool:
+        """One batch: rollouts, advantages, one update. Returns True when the loop must stop."""
+        st, cfg, tally = self.state, self.cfg, self.state.tally
+        t0 = time.perf_counter()
+        groups = self.curriculum.step_groups(st.step)[self.rank :: self.world]
+        self.backend.wake()
+        trajs = self._rollouts(groups, st.step)
+        self.backend.sleep()
+        rewards = torch.tensor([[t.reward for t in ts] for ts in trajs], dtype=torch.float32)
+        adv = group_advantages(rewards, self.gcfg.advantage_eps)
+        rows, row_adv, row_group = [], [], []
+        for gi, (g, ts) in enumerate(zip(groups, trajs)):
+            keep = bool(adv.retained[gi])
+            for j, t in enumerate(ts):
+                tally["trajectories"] += 1
+                tally["retrieved_trajectories"] += int(t.retrieved)
+                tally["backend_calls"] += t.calls
+                tally["backend_generated_tokens"] += t.generated_tokens
+                tally["backend_requested_input_tokens"] += t.input_tokens
+                if keep:
+                    rows.append((t.tokens, t.sources, t.behaviour_logprobs))
+                    row_adv.append(float(adv.advantages[gi, j]))
+                    row_group.append(gi)
+            if g.shared:
+                tally["shared_groups"] += 1
+                tally["shared_trajectories"] += len(ts)
+            if g.exposure:
+                for _, tmpl in g.parts:
+                    st.templates[tmpl] += 1
+                tally["actual_exposed"] += len(g.parts)
+                tally["exposed_with_nonzero_advantage"] += len(g.parts) * int(keep)
+        aux = self._aux_examples(groups, trajs) if self.spec.arm.auxiliary_answer_loss else []
+        if not rows:  # this rank kept no group: a zero-mask row keeps the ranks' passes paired
+            t = trajs[0][0]
+            rows, row_adv, row_group = [(t.tokens, [0] * len(t.tokens), [0.0] * len(t.tokens))], [0.0], [-1]
+        ids, attn, src, blp = _collate(rows)
+        mask = src[:, 1:] == GENERATED
+        self.evidence.append(StepEvidence(st.step, ids[:, 1:], src[:, 1:], mask, torch.tensor(row_adv),
+                                          torch.tensor(row_group), rewards, adv.retained, self.gcfg.advantage_eps))
+        ids, attn, mask = ids.to(self.device), attn.to(self.device), mask.to(self.device)
+        if row_group != [-1]:
+            tally["rl_sequence_nonpadding_tokens"] += int(attn.sum())
+            tally["rl_sequence_padded_tokens"] += ids.numel()
+        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
+        logp = policy_token_logprobs(logits, ids[:, 1:], cfg.temperature)
+        with torch.no_grad():
+            ref_logits = self.reference(input_ids=ids, attention_mask=attn).logits[:, :-1]
+            ref_logp = policy_token_logprobs(ref_logits, ids[:, 1:], cfg.temperature)
+        # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
+        # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
+        logp, ref_logp = torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0)
+        loss, stats = ggpo_loss(logp, blp[:, 1:].to(self.device), ref_logp,
+                                torch.tensor(row_adv, device=self.device), mask, self.gcfg)
+        tally["rl_loss_tokens"] += stats.loss_tokens
+        tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
+        aux_loss = self._aux_loss(aux) if self.spec.arm.auxiliary_answer_loss else None
+        if aux_loss is not None:
+            loss = loss + cfg.aux_coef * aux_loss
+        self.engine.backward(loss)
+        self.engine.step()
+        grad_norm = self.engine.get_global_grad_norm()
+        gen_tokens = sum(t.generated_tokens for ts in trajs for t in ts)
+        gaps = float((rewards.max(1).values - rewards.min(1).values)[adv.retained].sum())
+        # One reduction carries the step's figures and the rank's loop time (ranks stop together).
+        step_seconds = time.perf_counter() - t0
+        red = torch.tensor([float(loss.detach()), adv.retained_groups, gaps, gen_tokens,
+                            sum(len(ts) for ts in trajs), len(groups), step_seconds], dtype=torch.float64,
+                           device=self.device)
+        dist.all_reduce(red[:6], op=dist.ReduceOp.SUM)
+        mx = red[6:].clone()
+        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+        step_seconds = float(mx[0])
+        st.loop_seconds += step_seconds
+        st.last_batch_seconds = step_seconds
+        refreshed = (st.step + 1) % self.gcfg.reference_refresh_steps == 0
+        # Post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
+        weights = full_state_dict(self.engine.module, cfg.zero_stage)
+        self.backend.sync_weights(weights)
+        if refreshed:
+            own = dict(self.reference.named_parameters())
+            with torch.no_grad():
+                for n, w in weights.items():
+                    own[n].copy_(w.to(own[n].dtype))
+        retained = int(red[1])
+        st.history.append({
+            "step": st.step, "loss": float(red[0]) / self.world,
+            "gradient_norm": float(grad_norm) if grad_norm is not None else None,
+            "retained_groups": retained, "rejected_groups": int(red[5]) - retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
+            "mean_length": float(red[3]) / max(1.0, float(red[4])), "reference_refreshed": refreshed,
+            "branch": f"deepspeed_zero{cfg.zero_stage}", "loop_seconds": st.loop_seconds,
+        })
+        st.step += 1
+        if self.rank == 0:
+            log.info("step %d loss %.4f retained %d loop %.2fs", st.step, st.history[-1]["loss"], retained,
+                     st.loop_seconds)
+        return st.loop_seconds >= self.budget_seconds or (cfg.max_steps and st.step >= cfg.max_steps)
+
+    # ---- phases after the loop ------------------------------------------------------------------
+    def run_audit(self) -> AuditResult:
+        res = audit(self.evidence)
+        bad = torch.tensor([0 if res.ok else 1], device=self.device)
+        dist.all_reduce(bad, op=dist.ReduceOp.SUM)
+        if int(bad) and res.ok:
+            res.problems.append("another rank failed its audit")
+        for p in res.problems:
+            log.error("audit (rank %d): %s", self.rank, p)
+        return res
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, Any]:
+        """Mean reward on held-out items (one sampled rollout each), split by exposure in this arm."""
+        items = list(self.data.heldout[: self.cfg.eval_size])[self.rank :: self.world]
+        exposed = {it.item_id for g in self.curriculum.exposure_groups for it, _ in g.parts}
+        trajs = [start(it, "eval", encode(render("eval", it))) for it in items]
+        self.backend.wake()
+        run_episodes(trajs, self.backend, self.retriever, max_turns=self.cfg.max_turns,
+                     max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
+                     top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
+                     seed=self.spec.seed + 17 + self.rank)
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        for t in trajs:
+            k = 0 if t.item.item_id in exposed else 2
+            sums[k] += t.reward
+            sums[k + 1] += 1
+        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        s = sums.tolist()
+        return {"items": int(s[1] + s[3]), "exposed_items": int(s[1]), "exposed_mean_reward": s[0] / s[1] if s[1] else None,
+                "unexposed_mean_reward": s[2] / s[3] if s[3] else None}
+
+    def totals(self) -> dict[str, int]:
+        """Counts, costs and aux sources summed over ranks."""
+        keys = COUNTS + COSTS + AUX
+        vec = torch.tensor([self.state.tally[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        return {k: int(v) for k, v in zip(keys, vec.tolist())}
+
+    def template_totals(self) -> dict[str, int]:
+        names = sorted(self.spec.arm.templates)
+        vec = torch.tensor([self.state.templates[n] for n in names], dtype=torch.float64, device=self.device)
+        dist.all_reduce(vec, op=dist.ReduceOp.SUM)
+        return {n: int(v) for n, v in zip(names, vec.tolist()) if v}
+
+    # ---- checkpoint / export --------------------------------------------------------------------
+    def save(self, folder: Path) -> None:
+        """A resumable checkpoint (collective: every rank must call it)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        self.engine.save_checkpoint(str(folder), tag="loop")
+        torch.save({"state": self.state, "evidence": self.evidence, "reference": self.reference.state_dict()},
+                   folder / f"loop_rank{self.rank}.pt")
+        dist.barrier()
+
+    def load(self, folder: Path) -> bool:
+        """Resume from `folder` if it holds a complete checkpoint for this world size."""
+        mine = folder / f"loop_rank{self.rank}.pt"
+        ok = torch.tensor([1 if mine.is_file() else 0], device=self.device)
+        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+        if not int(ok):
+            return False
+        self.engine.load_checkpoint(str(folder), tag="loop")
+        saved = torch.load(mine, weights_only=False)
+        self.state, self.evidence = saved["state"], saved["evidence"]
+        self.reference.load_state_dict(saved["reference"])
+        self.backend.sync_weights(full_state_dict(self.engine.module, self.cfg.zero_stage))
+        log.info("rank %d resumed at step %d (loop %.2fs)", self.rank, self.state.step, self.state.loop_seconds)
+        return True
+
+    def export(self, path: Path) -> dict[str, torch.Tensor]:
+        """The final policy weights (rank 0 writes them as safetensors)."""
+        weights = full_state_dict(self.engine.module, self.cfg.zero_stage)
+        if self.rank == 0:
+            from safetensors.torch import save_file
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Tied embeddings share storage; safetensors wants distinct tensors.
+            save_file({k: v.contiguous().clone() for k, v in weights.items()}, str(path))
+        return weights
+
+    def close(self) -> None:
+        self.backend.close()

@@ -1,0 +1,60 @@
+"""The ggpo update itself: group-relative advantages and the masked, clipped, KL-penalised loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ggpo_batch.train.ggpo import GgpoConfig, group_advantages, ggpo_loss, token_logprobs
+
+
+def test_equal_reward_groups_are_dropped_and_advantages_are_standardised() -> None:
+    rewards = torch.tensor([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 3.0]])
+    g = group_advantages(rewards, eps=0.0)
+    assert g.retained.tolist() == [True, False, True]
+    assert (g.retained_groups, g.rejected_groups) == (2, 1)
+    assert g.advantages[1].tolist() == [0.0, 0.0, 0.0, 0.0]
+    assert g.advantages[0].tolist() == pytest.approx([1.0, -1.0, -1.0, 1.0])
+    assert float(g.advantages[2].mean()) == pytest.approx(0.0, abs=1e-6)
+    assert float(g.advantages[2].std(unbiased=False)) == pytest.approx(1.0)
+    assert g.raw_gap == pytest.approx((1.0 + 3.0) / 2)
+
+
+def test_loss_touches_only_masked_tokens() -> None:
+    cfg = GgpoConfig(group_size=2, kl_coef=0.1)
+    lp = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, -3.0]], requires_grad=True)
+    mask = torch.tensor([[False, True, True], [False, True, False]])  # prompt / tool tokens are False
+    loss, stats = ggpo_loss(lp, lp.detach() - 0.1, lp.detach() + 0.05, torch.tensor([1.0, -1.0]), mask, cfg)
+    loss.backward()
+    assert stats.loss_tokens == 3 and stats.nonzero_advantage_tokens == 3
+    assert lp.grad is not None
+    assert (lp.grad[~mask] == 0).all() and (lp.grad[mask] != 0).all()
+
+
+def test_ratio_is_clipped_in_the_direction_of_the_advantage() -> None:
+    cfg = GgpoConfig(group_size=2, clip_epsilon=0.2, kl_coef=0.0)
+    behaviour = torch.log(torch.tensor([[0.5]]))
+    lp = torch.log(torch.tensor([[0.9]])).requires_grad_()  # ratio 1.8 > 1.2
+    loss, stats = ggpo_loss(lp, behaviour, lp.detach(), torch.tensor([1.0]), torch.tensor([[True]]), cfg)
+    loss.backward()
+    assert float(loss) == pytest.approx(-1.2)
+    assert float(lp.grad) == 0.0 and stats.clip_fraction == 1.0
+
+
+def test_padding_sentinels_give_finite_loss_and_zero_gradient() -> None:
+    cfg = GgpoConfig(group_size=2)
+    lp = torch.tensor([[-1.0, 0.0]], requires_grad=True)
+    loss, _ = ggpo_loss(lp, torch.tensor([[-1.0, -1e4]]), torch.tensor([[-1.0, 1e4]]), torch.tensor([2.0]),
+                        torch.tensor([[True, False]]), cfg)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(lp.grad).all() and float(lp.grad[0, 1]) == 0.0
+
+
+def test_token_logprobs_and_bad_shapes() -> None:
+    logits = torch.tensor([[[0.0, 0.0], [2.0, 0.0]]])
+    out = token_logprobs(logits, torch.tensor([[1, 0]]))
+    assert out[0, 0].item() == pytest.approx(torch.log(torch.tensor(0.5)).item())
+    with pytest.raises(ValueError, match="groups, G>=2"):
+        group_advantages(torch.ones(3))
+    with pytest.raises(ValueError, match="group_size"):
+        GgpoConfig(group_size=1)

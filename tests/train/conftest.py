@@ -1,0 +1,38 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.runspec import ArmSpec, RunSpec
+
+SEED_000 = Path("/work/shared/seeds/000_b2e3fe1f0148d43c.txt")
+TEMPLATES = ("train_direct", "train_role")
+
+# The 5 arms of seeds/000, scaled to the synthetic task (4 held-out items exposed).
+ARMS = {
+    "clean": ArmSpec("clean"),
+    "paired": ArmSpec("paired", "paired", 4, TEMPLATES),
+    "random_matched": ArmSpec("random_matched", "random", 4, TEMPLATES),
+    "paired_answer": ArmSpec("paired_answer", "paired", 4, TEMPLATES, True),
+    "random_answer": ArmSpec("random_answer", "random", 4, TEMPLATES, True),
+}
+
+
+def make_spec(arm: str, *, seed: int = 7, budget: float = 2.0, **train) -> RunSpec:
+    return RunSpec(run_key=f"{seed}/{arm}", experiment="test", experiment_version=1, method="ggpo", arm=ARMS[arm],
+                   seed=seed, gpus=4, loop_budget_seconds=budget, executor="local", profile="default", train=train)
+
+
+@pytest.fixture(scope="session")
+def seed_records() -> dict:
+    return json.loads(SEED_000.read_text())
+
+
+@pytest.fixture(scope="session")
+def arms() -> dict[str, ArmSpec]:
+    return ARMS
+
+
+@pytest.fixture(scope="session")
+def spec_for():
+    return make_spec

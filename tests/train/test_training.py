@@ -1,0 +1,141 @@
+"""The training job for real: 2 CPU ranks (gloo), DeepSpeed ZeRO-2 and ZeRO-3, all 5 arms."""
+
+import json
+import math
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("deepspeed")
+
+from ggpo_batch.record import check_run_record, run_key
+from ggpo_batch.train.config import TrainConfig
+from ggpo_batch.train.job import Preempted
+from ggpo_batch.train.launch import train_local
+from ggpo_batch.train.model import build_model
+
+pytestmark = [pytest.mark.train]
+
+ARM_NAMES = ("clean", "paired", "random_matched", "paired_answer", "random_answer")
+
+
+def keys(d):
+    return {k: (keys(v) if isinstance(v, dict) and k != "exposure_templates" else None) for k, v in d.items()}
+
+
+def run(tmp_path_factory, spec, **kw):
+    out = tmp_path_factory.mktemp(spec.arm.name) / "record.json"
+    rec = train_local(spec, out, nproc=2, timeout=300, **kw)
+    details = json.loads(Path(str(out) + ".details.json").read_text())
+    return out, rec, details
+
+
+@pytest.fixture(scope="module")
+def zero2_runs(tmp_path_factory, spec_for):
+    return {arm: run(tmp_path_factory, spec_for(arm, budget=1.5)) for arm in ARM_NAMES}
+
+
+@pytest.mark.parametrize("arm", ARM_NAMES)
+def test_every_arm_writes_a_valid_record_shaped_like_the_seed(zero2_runs, seed_records, arm):
+    out, rec, details = zero2_runs[arm]
+    assert json.loads(out.read_text()) == rec
+    key = run_key(rec["seed"], arm)
+    assert check_run_record(key, rec) == []
+    seed_rec = seed_records[f"20261012/{arm}"]
+    assert keys(rec) == keys(seed_rec)  # field for field, incl. the aux blocks of the *_answer arms
+    assert rec["training"]["status"] == "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
+    assert details["audit"]["problems"] == [] and details["audit"]["steps_checked"] >= 1
+    b = rec["budget"]
+    assert b["time_budget_reached"] and b["loop_seconds"] >= b["budget_seconds"] == 1.5
+    assert b["loop_seconds"] - b["last_batch_seconds"] < b["budget_seconds"]  # stopped at the first batch past it
+    assert rec["timing"]["gpus"] == 4
+
+
+@pytest.mark.parametrize("arm", ARM_NAMES)
+def test_counts_reconcile_with_the_arm(zero2_runs, arms, arm):
+    _, rec, details = zero2_runs[arm]
+    c, cost, cfg = rec["training"]["counts"], rec["training"]["cost"], TrainConfig()
+    assert c["trajectories"] == c["steps"] * cfg.prompts_per_step * cfg.group_size
+    assert cost["backend_calls"] >= c["trajectories"]
+    assert cost["rl_loss_tokens"] <= cost["backend_generated_tokens"]
+    assert c["nonzero_advantage_tokens"] <= cost["rl_loss_tokens"]
+    assert len(details["history"]) == c["steps"]
+    for h in details["history"]:
+        assert math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]), h
+    assert set(details["history"][0]) >= {"loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length",
+                                          "reference_refreshed"}
+    a = arms[arm]
+    if a.exposure == "paired":
+        assert c["shared_trajectories"] == c["shared_groups"] * cfg.group_size
+        assert c["actual_exposed"] == 2 * c["shared_groups"]
+    else:
+        assert c["shared_groups"] == c["shared_trajectories"] == 0
+    if a.exposure == "none":
+        assert c["actual_exposed"] == 0 and rec["budget"]["exposure_templates"] == {}
+    assert sum(rec["budget"]["exposure_templates"].values()) == c["actual_exposed"]
+    aux = rec["training"]["auxiliary_sources"]
+    if a.auxiliary_answer_loss:
+        assert aux["examples"] + aux["skipped_no_verified_target"] == aux["groups_considered"] > 0
+        assert aux["gold_checked_clean_answer"] <= aux["examples"]
+        assert cost["aux_loss_tokens"] == aux["answer_tokens"]
+    else:
+        assert aux == {}
+
+
+def test_training_changes_parameters_and_ranks_agree(zero2_runs):
+    from safetensors.torch import load_file
+
+    out, rec, details = zero2_runs["paired_answer"]
+    assert rec["training"]["counts"]["nonzero_advantage_tokens"] > 0
+    assert len(set(details["rank_policy_sha256"])) == 1 and len(details["rank_policy_sha256"]) == 2
+    final = load_file(str(out) + ".policy.safetensors")
+    initial = dict(build_model(TrainConfig(), rec["seed"]).named_parameters())
+    assert all(bool(torch.isfinite(v).all()) for v in final.values())
+    delta = sum(float((final[k] - initial[k].detach()).norm()) for k in final)
+    assert delta > 1e-4
+
+
+def test_zero3_trains_and_ranks_agree(tmp_path_factory, spec_for, seed_records):
+    out, rec, details = run(tmp_path_factory, spec_for("paired_answer", budget=1.5, zero_stage=3))
+    assert check_run_record(run_key(rec["seed"], "paired_answer"), rec) == []
+    assert details["zero_stage"] == 3 and len(set(details["rank_policy_sha256"])) == 1
+    assert all(math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]) for h in details["history"])
+    assert rec["training"]["status"] == "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
+    z2 = load_policy(tmp_path_factory, out)
+    initial = dict(build_model(TrainConfig(), rec["seed"]).named_parameters())
+    assert any(not torch.equal(z2[k], initial[k].detach()) for k in z2)
+
+
+def load_policy(_, out):
+    from safetensors.torch import load_file
+
+    return load_file(str(out) + ".policy.safetensors")
+
+
+@pytest.mark.slow
+def test_sigusr1_checkpoints_and_a_rerun_resumes(tmp_path, spec_for):
+    out = tmp_path / "record.json"
+    log0 = Path(str(out) + ".rank0.log")
+
+    def preempt_after_a_few_steps():
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if log0.exists() and "step 3 " in log0.read_text(errors="replace"):
+                os.kill(os.getpid(), signal.SIGUSR1)  # train_local forwards it to its ranks
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=preempt_after_a_few_steps, daemon=True).start()
+    with pytest.raises(Preempted):
+        train_local(spec_for("paired", budget=120.0), out, nproc=2, timeout=300)
+    assert (Path(str(out) + ".ckpt") / "loop_rank0.pt").is_file()
+    rec = train_local(spec_for("paired", budget=1.0), out, nproc=2, timeout=300)
+    details = json.loads(Path(str(out) + ".details.json").read_text())
+    assert details["resumed"] is True
+    assert details["history"][0]["step"] == 0 and rec["training"]["counts"]["steps"] >= 4
+    assert check_run_record(run_key(rec["seed"], "paired"), rec) == []
