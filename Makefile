@@ -14,4 +14,5 @@ test:
 
 demo:
 	tools/install.sh train
+	$(PY) tools/fetch_corpus.py
 	tools/demo.sh

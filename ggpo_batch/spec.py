@@ -209,10 +209,8 @@ def _arm(p: str, name: str, table: Any) -> ArmSpec:
 
 
 def _validate_train(p: str, table: Mapping[str, Any]) -> None:
-    try:
-        from .train.config import TrainConfig
-    except ModuleNotFoundError:  # TEMP until the training module lands
-        return
+    from .train.config import TrainConfig  # imports without torch
+
     TrainConfig.from_table(table, p)
 
 

@@ -77,11 +77,23 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         return {"run_key": run_key, "failed": reason}
     ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
-    if spec.executor == "debug":  # ran to its end inside submit(): book it now, in this process
+    # A debug job has ended inside submit(); inline (memory://) mode has no reconciler and runs one
+    # run at a time: in both, wait for the end and book it here.
+    if spec.executor == "debug" or inline:
+        info = _wait_final(executor, job_id)
         run = ledger.get_run(run_key)
-        info = executor.poll([job_id])[job_id]
         out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
     return out
+
+
+def _wait_final(executor: Any, job_id: str, poll_seconds: float = 1.0) -> Any:
+    delay = 0.2
+    while True:
+        info = executor.poll([job_id])[job_id]
+        if info.final:
+            return info
+        time.sleep(delay)
+        delay = min(delay * 2, poll_seconds * 10)
 
 
 class GgpoWorker(Worker):

@@ -108,3 +108,4 @@ from . import ledger_cmds  # noqa: E402,F401  (registers commands)
 from . import queue_cmds  # noqa: E402,F401
 from . import report_cmds  # noqa: E402,F401
 from . import nightly_cmds  # noqa: E402,F401
+from . import train_cmds  # noqa: E402,F401

@@ -75,9 +75,13 @@ def component_status(ledger: Any, *, cron: str, nights: int = 14, threshold: flo
             rows.append(row)
         recent = [row for row in rows if row["night"] > start.date().isoformat()]
         ran = {date.fromisoformat(r.night) for r in mruns}
+        # Nights before the method's first recorded night predate its schedule: not missed. A method
+        # that never ran at all shows the whole window as missed, so that is never silent either.
+        first = min(ran) if ran else None
+        since = max(start, datetime.combine(first, time.min, tzinfo=timezone.utc)) if first else start
         out_methods.append({
             "method": method,
             "nights": list(reversed(recent)),
-            "missed_nights": [d.isoformat() for d in missed_nights(cron, ran, start, now)],
+            "missed_nights": [d.isoformat() for d in missed_nights(cron, ran, since, now)],
         })
     return {"threshold": threshold, "cron": cron, "since": start.date().isoformat(), "methods": out_methods}

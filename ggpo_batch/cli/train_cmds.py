@@ -1,0 +1,79 @@
+"""`ggpo-batch train`: one run, directly, outside the queue and the ledger."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import click
+
+from . import App, cli, pass_app
+
+
+@cli.command()
+@click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=str))
+@click.option("--arm", required=True, help="Arm of the spec to train.")
+@click.option("--seed", required=True, type=int, help="Seed (one of the spec's).")
+@click.option("--budget-seconds", type=click.FloatRange(min=0, min_open=True),
+              help="Override the spec's loop-time budget.")
+@click.option("--executor", type=click.Choice(["local", "slurm", "debug"]), default="local", show_default=True,
+              help="local: CPU ranks on this machine; slurm: one allocation from the spec's profile.")
+@click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64), help="Ranks for --executor local.")
+@click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Where the result record (seed-000 schema) is written.")
+@pass_app
+def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float | None, executor: str, nproc: int,
+          output: Path) -> None:
+    """Train one arm x seed run of SPEC and write its result record; nothing goes to the queue or ledger.
+
+    The record is the one a queued run stores: training counts and token cost, the loop-budget
+    reconciliation, and GPU accounting through evaluation (gpus x elapsed / 3600).
+    """
+    import dataclasses
+
+    from ..spec import load_spec
+
+    spec = load_spec(spec_file)
+    if seed not in spec.seeds:
+        raise click.BadParameter(f"{seed} is not a seed of {spec_file} ({list(spec.seeds)})", param_hint="--seed")
+    run = spec.run_spec(spec.arm(arm), seed, version=0)
+    if budget_seconds is not None:
+        run = dataclasses.replace(run, loop_budget_seconds=float(budget_seconds))
+    run = dataclasses.replace(run, executor=executor)
+    t0 = time.monotonic()
+    click.echo(f"training {run.run_key} ({executor}, budget {run.loop_budget_seconds:g} s) -> {output}", err=True)
+    if executor == "local":
+        from ..train.launch import train_local
+
+        record = train_local(run, output, nproc=nproc)
+    else:
+        record = _through_executor(app, run, output)
+    t = record["timing"]
+    click.echo(f"{run.run_key}: {record['training']['status']}, {record['training']['counts']['steps']} steps, "
+               f"loop {record['budget']['loop_seconds']:.1f} s (overshoot {record['budget']['overshoot_seconds']:.1f} s), "
+               f"{t['allocated_gpu_hours_through_evaluation']:.4f} allocated GPU-h; wall {time.monotonic() - t0:.1f} s")
+
+
+def _through_executor(app: App, run, output: Path) -> dict:  # type: ignore[no-untyped-def]
+    from ..errors import ExecutorError
+    from ..executor import make_executor
+
+    folder = app.settings.jobs_dir / "direct" / f"{run.run_key}-{int(time.time())}"
+    ex = make_executor(run.executor, jobs_dir=app.settings.jobs_dir, profile=run.profile)
+    job_id = ex.submit(run, 1, folder)
+    click.echo(f"job {job_id}, logs in {folder}", err=True)
+    delay = 1.0
+    while True:
+        info = ex.poll([job_id])[job_id]
+        if info.final:
+            break
+        time.sleep(delay)
+        delay = min(delay * 1.5, 30.0)
+    record_path = folder / "record.json"
+    if info.state != "COMPLETED" or not record_path.exists():
+        raise ExecutorError(f"job {job_id} ended {info.state} without a record; see {folder}")
+    output.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(record_path, output)
+    return json.loads(output.read_text())
