@@ -1,0 +1,168 @@
+"""A Slurm cluster profile: the allocation a run gets (partition, account, GPUs, time) on one cluster.
+
+Profiles are TOML files under `slurm/profiles/<name>.toml`, validated once here and mapped onto
+submitit's SlurmExecutor parameters by `to_submitit_parameters()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..errors import SpecError
+
+log = logging.getLogger(__name__)
+
+PROFILE_SCHEMA = 1
+_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+# A value that stays one token inside an `#SBATCH --key=value` line and inside a shell word.
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
+_EXTRA_LINE = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(=(?P<value>[A-Za-z0-9_.,:/@%+=-]+))?$")
+# Flags our own parameters set; an extra line may not override them behind the profile's back.
+_OWNED_FLAGS = frozenset(
+    {"job-name", "comment", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "time", "partition",
+     "account", "qos", "constraint", "output", "error", "signal", "array", "wrap"}
+)
+
+
+@dataclass(frozen=True)
+class SlurmProfile:
+    """One cluster's allocation settings. `extra_sbatch` lines look like `--reservation=x` or `--exclusive`."""
+
+    name: str
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+    gpus_per_node: int = 4
+    tasks_per_node: int = 1
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    time_limit_min: int = 60
+    signal_delay_s: int = 90  # USR2 this long before the time limit: the job's checkpoint window
+    setup: tuple[str, ...] = ()  # shell lines run in the batch script before srun (module load ...)
+    extra_sbatch: tuple[str, ...] = ()
+    use_srun: bool = True
+
+    def to_submitit_parameters(self) -> dict[str, Any]:
+        """Keyword arguments for `submitit.SlurmExecutor.update_parameters` (native Slurm names)."""
+        params: dict[str, Any] = {
+            "gpus_per_node": self.gpus_per_node,
+            "ntasks_per_node": self.tasks_per_node,
+            "time": self.time_limit_min,
+            "signal_delay_s": self.signal_delay_s,
+            "use_srun": self.use_srun,
+        }
+        for key in ("partition", "account", "qos", "constraint", "cpus_per_task"):
+            value = getattr(self, key)
+            if value is not None:
+                params[key] = value
+        if self.mem_gb is not None:
+            params["mem"] = self.mem_gb  # submitit renders GB as "64GB" / "512MB"
+        if self.setup:
+            params["setup"] = list(self.setup)
+        extra = self.additional_parameters()
+        if extra:
+            params["additional_parameters"] = extra
+        return params
+
+    def to_auto_parameters(self) -> dict[str, Any]:
+        """The same settings for `submitit.AutoExecutor.update_parameters` (`slurm_` prefixed names)."""
+        p = self.to_submitit_parameters()
+        auto: dict[str, Any] = {
+            "gpus_per_node": p.pop("gpus_per_node"),
+            "tasks_per_node": p.pop("ntasks_per_node"),
+            "timeout_min": p.pop("time"),
+        }
+        if "cpus_per_task" in p:
+            auto["cpus_per_task"] = p.pop("cpus_per_task")
+        if "mem" in p:
+            auto["mem_gb"] = p.pop("mem")
+        auto.update({f"slurm_{k}": v for k, v in p.items()})
+        return auto
+
+    def additional_parameters(self) -> dict[str, Any]:
+        """`extra_sbatch` lines as submitit's additional_parameters (flag without value -> True)."""
+        out: dict[str, Any] = {}
+        for line in self.extra_sbatch:
+            m = _EXTRA_LINE.match(line)
+            assert m is not None, line  # validated in load_profile
+            out[m.group("key").replace("-", "_")] = m.group("value") if m.group("value") is not None else True
+        return out
+
+
+def _check(path: Path, field: str, value: Any, kind: type | tuple[type, ...], *, minimum: float | None = None) -> Any:
+    if isinstance(value, bool) and kind is not bool:
+        raise SpecError(path, field, f"expected {getattr(kind, '__name__', kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise SpecError(path, field, f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise SpecError(path, field, f"must be >= {minimum}, got {value!r}")
+    return value
+
+
+def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmProfile:
+    """Validate a parsed profile table; errors name the file and the field."""
+    data = dict(data)
+    schema = data.pop("schema", PROFILE_SCHEMA)
+    if schema != PROFILE_SCHEMA:
+        raise SpecError(path, "schema", f"profile schema {schema!r} is not supported (this release reads {PROFILE_SCHEMA})")
+    known = {f.name for f in fields(SlurmProfile)} - {"name"}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SpecError(path, unknown[0], f"unknown profile key (known: {', '.join(sorted(known))})")
+    kw: dict[str, Any] = {}
+    for key in ("partition", "account", "qos", "constraint"):
+        if key in data:
+            value = _check(path, key, data[key], str)
+            if not _SAFE_VALUE.match(value):
+                raise SpecError(path, key, f"{value!r} has characters Slurm or a shell would misread")
+            kw[key] = value
+    for key, minimum in (("gpus_per_node", 0), ("tasks_per_node", 1), ("cpus_per_task", 1),
+                         ("time_limit_min", 1), ("signal_delay_s", 0)):
+        if key in data:
+            kw[key] = _check(path, key, data[key], int, minimum=minimum)
+    if "mem_gb" in data:
+        kw["mem_gb"] = float(_check(path, "mem_gb", data["mem_gb"], (int, float), minimum=0))
+    if "use_srun" in data:
+        kw["use_srun"] = _check(path, "use_srun", data["use_srun"], bool)
+    for key in ("setup", "extra_sbatch"):
+        if key in data:
+            lines = _check(path, key, data[key], list)
+            for i, line in enumerate(lines):
+                _check(path, f"{key}[{i}]", line, str)
+                if "\n" in line or "\r" in line:
+                    raise SpecError(path, f"{key}[{i}]", "must be one line")
+            kw[key] = tuple(lines)
+    for i, line in enumerate(kw.get("extra_sbatch", ())):
+        m = _EXTRA_LINE.match(line)
+        if not m:
+            raise SpecError(path, f"extra_sbatch[{i}]", f"{line!r} is not of the form --flag or --flag=value (no spaces or quotes)")
+        if m.group("key") in _OWNED_FLAGS:
+            raise SpecError(path, f"extra_sbatch[{i}]", f"--{m.group('key')} is set by the profile's own keys or by the executor")
+    return SlurmProfile(name=name, **kw)
+
+
+def load_profile(name_or_path: str | Path, search_dir: Path) -> SlurmProfile:
+    """Load `search_dir/<name>.toml`, or a path to a .toml file."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.is_absolute() or "/" in str(name_or_path):
+        path = candidate
+    else:
+        if not _NAME.match(str(name_or_path)):
+            raise SpecError(search_dir, "profile", f"{str(name_or_path)!r} is not a profile name ([A-Za-z0-9_-]+)")
+        path = Path(search_dir) / f"{name_or_path}.toml"
+    if not path.is_file():
+        known = sorted(p.stem for p in Path(search_dir).glob("*.toml")) if Path(search_dir).is_dir() else []
+        raise SpecError(path, "", f"no such Slurm profile (known in {search_dir}: {', '.join(known) or 'none'})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise SpecError(path, "", f"not valid TOML: {exc}") from None
+    profile = profile_from_mapping(data, path, path.stem)
+    log.debug("loaded Slurm profile %s from %s", profile.name, path)
+    return profile

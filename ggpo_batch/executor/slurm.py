@@ -1,0 +1,276 @@
+"""The Slurm executor: one attempt of a run = one sbatch through submitit, found again by name.
+
+Exactly-once: `submit` first asks squeue, then sacct, for a job named `job_name(run_key, attempt)`
+whose comment is `ggpo:<run_key>:<attempt>`, so a worker killed between sbatch and the ledger
+write does not take a second allocation. State comes from one sacct call for all jobs (`poll`).
+
+Preemption: the payload is wrapped so submitit's USR2 handler checkpoints and requeues it
+(`scontrol requeue`, same job id) as often as the spec's `retries` allows; every run of the job id is one sacct record, which the ledger
+books as its own attempt (see `accounts`). A TIMEOUT is not requeued unless the profile says so.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import submitit
+from submitit.helpers import DelayedSubmission
+
+from ..errors import ExecutorError
+from ..runspec import RunSpec
+from .base import Executor, JobInfo, job_name
+from .profile import SlurmProfile
+from .sacct import JobAccount, Runner, Sacct, normalize_state, run_command
+
+log = logging.getLogger(__name__)
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
+_SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
+_UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_./-]")
+RECORD_NAME = "record.json"  # the attempt's result record, where ggpo_batch.attempts reads it
+_JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
+
+
+def job_comment(run_key: str, attempt: int) -> str:
+    """The `--comment` of an attempt: `ggpo:<run_key>:<attempt>`, with anything unsafe replaced by `_`."""
+    return f"ggpo:{_UNSAFE_KEY_CHARS.sub('_', run_key)[:200]}:{int(attempt)}"
+
+
+# Exit status of a preempted attempt that may not be requeued (EX_TEMPFAIL, as the training job's
+# own `Preempted`); `poll` reports such a job PREEMPTED, not FAILED, so the ledger books the cause.
+PREEMPTED_EXIT_CODE = 75
+# submitit judges "timeout or preemption" by elapsed time and, for limits under ~50 min, calls
+# every signal a timeout; its countdown is therefore disabled and Requeueable decides instead.
+_SUBMITIT_TIMEOUT_COUNTDOWN = 1_000_000
+# Slurm sends the time-limit signal up to 60 s before it is due (its event resolution), plus slack.
+_TIMEOUT_MARGIN_S = 65.0
+
+
+class Requeueable:
+    """A payload that submitit checkpoints and requeues on preemption, at most `requeues_left` times.
+
+    submitit's USR2 handler calls `checkpoint()`. Here it decides, from the time the job has run:
+    near the time limit it is a TIMEOUT, a failure of the run: it waits for Slurm to end the job,
+    so sacct says TIMEOUT. Otherwise it is a preemption: with an allowance left (`retries = N`
+    in the spec; 0 by default) the job is requeued, delegating to the payload's own
+    `checkpoint()` to save its state; without one the job exits PREEMPTED_EXIT_CODE.
+    """
+
+    def __init__(self, fn: Callable[[], Any], requeues_left: int = 0, *, time_limit_s: float = float("inf"),
+                 signal_delay_s: float = 0.0) -> None:
+        self.fn = fn
+        self.requeues_left = requeues_left
+        self.time_limit_s = time_limit_s
+        self.signal_delay_s = signal_delay_s
+        self._started = time.monotonic()
+
+    def __call__(self) -> Any:
+        self._started = time.monotonic()
+        return self.fn()
+
+    def _next(self, fn: Callable[[], Any]) -> Requeueable:
+        return Requeueable(fn, self.requeues_left - 1, time_limit_s=self.time_limit_s,
+                           signal_delay_s=self.signal_delay_s)
+
+    def timed_out(self) -> bool:
+        ran = time.monotonic() - self._started
+        return ran >= self.time_limit_s - self.signal_delay_s - _TIMEOUT_MARGIN_S
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
+        if self.timed_out():
+            log.warning("time limit reached: not requeued; waiting for Slurm to end the job (TIMEOUT)")
+            while True:
+                time.sleep(60)
+        if self.requeues_left <= 0:
+            log.warning("preempted with no requeue allowed: exiting %d", PREEMPTED_EXIT_CODE)
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT_CODE)
+        inner = getattr(self.fn, "checkpoint", None)
+        if inner is None:
+            return DelayedSubmission(self._next(self.fn))
+        delayed = inner(*args, **kwargs)
+        if delayed is None:  # the payload refuses a requeue
+            logging.shutdown()
+            os._exit(PREEMPTED_EXIT_CODE)
+        return DelayedSubmission(self._next(delayed.function), *delayed.args, **delayed.kwargs)
+
+
+class SlurmExecutor(Executor):
+    """Submits attempts to Slurm with the allocation of a `SlurmProfile`."""
+
+    name = "slurm"
+
+    def __init__(
+        self,
+        profile: SlurmProfile,
+        folder: Path,
+        *,
+        python: str | None = None,
+        sacct: Sacct | None = None,
+        runner: Runner = run_command,
+        min_submit_interval_s: float = 0.2,
+        find_since: str = "now-30days",
+    ) -> None:
+        self.profile = profile
+        self.folder = Path(folder)
+        self.python = python
+        self.runner = runner
+        self.sacct = sacct if sacct is not None else Sacct(runner=runner)
+        self.min_submit_interval_s = min_submit_interval_s
+        self.find_since = find_since
+        self.sbatch_calls = 0
+        self.squeue_calls = 0
+        self._last_submit = 0.0
+
+    # -- submission ---------------------------------------------------------------------------
+
+    def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:
+        """The job of (run, attempt) if Slurm has one; `folder` is not needed (the name finds it)."""
+        return self.find_by(job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt))
+
+    def find_by(self, name: str, comment: str) -> str | None:
+        """The id of a job with this name and comment: squeue first, then sacct.
+
+        `squeue -t all` also lists jobs that ended within the controller's MinJobAge, which covers
+        the second or so slurmdbd lags behind; sacct covers everything older.
+        """
+        _check_name(name, comment)
+        self.squeue_calls += 1
+        out = self.runner(["squeue", "-h", "-t", "all", "--name", name, "-o", "%i|%j|%k"])
+        ids = []
+        for line in out.splitlines():
+            job_id, _, rest = line.partition("|")
+            jname, _, jcomment = rest.partition("|")
+            if jname == name and jcomment == comment:
+                ids.append(job_id.strip())
+        if not ids:
+            for job_id, account in self.sacct.by_name(name, since=self.find_since).items():
+                # sacct stores the comment with the job's end; a pending/requeued record shows none
+                if account.name == name and (comment in account.comments or not set(account.comments) - {""}):
+                    ids.append(job_id)
+        if len(ids) > 1:
+            log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
+        return min(ids, key=_id_key) if ids else None
+
+    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
+        name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
+        existing = self.find_by(name, comment)
+        if existing is not None:
+            log.info("run %s attempt %d already submitted as Slurm job %s", spec.run_key, attempt, existing)
+            return existing
+        if spec.gpus != self.profile.gpus_per_node:
+            raise ExecutorError(
+                f"run {spec.run_key} asks for {spec.gpus} GPUs, profile {self.profile.name} gives {self.profile.gpus_per_node}"
+            )
+        # late: the payload pulls in the method's job class
+        from .payload import make_payload
+
+        folder = Path(folder)
+        payload = make_payload(spec, folder / RECORD_NAME)
+        return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries)
+
+    def submit_callable(
+        self, fn: Callable[[], Any], name: str, comment: str, *, folder: Path | None = None, requeues: int = 0,
+        **overrides: Any,
+    ) -> str:
+        """sbatch `fn` with the profile's allocation; `requeues`: preemption requeues allowed (each one a
+        new run of the same job id, booked as its own attempt); `overrides`: submitit SlurmExecutor parameters."""
+        _check_name(name, comment)
+        folder = Path(folder) if folder is not None else self.folder / name
+        params = self._parameters(name, comment, overrides)
+        ex = self._submitit(folder, params)
+        payload = Requeueable(fn, requeues, time_limit_s=60.0 * params["time"], signal_delay_s=params["signal_delay_s"])
+        wait = self._last_submit + self.min_submit_interval_s - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)  # sites rate-limit sbatch RPCs per user
+        self._last_submit = time.monotonic()
+        self.sbatch_calls += 1
+        try:
+            job = ex.submit(payload)
+        except (submitit.core.utils.FailedJobError, OSError) as exc:
+            raise ExecutorError(f"sbatch of {name} failed: {str(exc).strip().splitlines()[-1][:300]}") from None
+        log.info("submitted %s as Slurm job %s (%s)", name, job.job_id, comment)
+        return str(job.job_id)
+
+    def submission_script(self, name: str, comment: str, folder: Path, **overrides: Any) -> str:
+        """The sbatch script `submit_callable` would write (for review and for the saved-copy test)."""
+        _check_name(name, comment)
+        ex = self._submitit(folder, self._parameters(name, comment, overrides))
+        return ex._make_submission_file_text(ex._submitit_command_str, "uid")
+
+    def _parameters(self, name: str, comment: str, overrides: dict[str, Any]) -> dict[str, Any]:
+        params = self.profile.to_submitit_parameters()
+        params.update(overrides)
+        params.update(job_name=name, comment=comment)
+        return params
+
+    def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:
+        ex = submitit.SlurmExecutor(folder=folder, max_num_timeout=_SUBMITIT_TIMEOUT_COUNTDOWN, python=self.python)
+        ex.update_parameters(**params)
+        return ex
+
+    # -- state ----------------------------------------------------------------------------------
+
+    def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
+        """One sacct call for all ids; `restarts` counts requeues of each job.
+
+        slurmdbd learns of a job a moment after sbatch returns: ids sacct does not know yet are
+        asked of the controller in one squeue call, so a fresh job is never mistaken for a lost one.
+        """
+        ids = sorted({str(j) for j in job_ids})
+        infos = {k: a.latest for k, a in self.accounts(ids).items()}
+        missing = [j for j in ids if j not in infos]
+        if missing:
+            infos.update(self._squeue_states(missing))
+        return infos
+
+    def _squeue_states(self, ids: list[str]) -> dict[str, JobInfo]:
+        self.squeue_calls += 1
+        try:
+            out = self.runner(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+        except ExecutorError:
+            return {}  # squeue refuses a list with no id it knows: none of them is known anywhere
+        infos = {}
+        for line in out.splitlines():
+            job_id, _, state = line.strip().partition("|")
+            if job_id in ids:
+                infos[job_id] = JobInfo(job_id=job_id, state=normalize_state(state))
+        return infos
+
+    def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
+        """One sacct call for all ids, with every run (segment) of each job for the ledger."""
+        return {k: _preempted_exit(a) for k, a in self.sacct.accounts(job_ids).items()}
+
+    def cancel(self, job_id: str) -> None:
+        if not _JOB_ID.match(str(job_id)):
+            raise ExecutorError(f"{job_id!r} is not a Slurm job id")
+        self.runner(["scancel", str(job_id)])
+        log.info("cancelled Slurm job %s", job_id)
+
+
+def _preempted_exit(account: JobAccount) -> JobAccount:
+    """A job that exited PREEMPTED_EXIT_CODE was preempted with no requeue left: say so."""
+    def fix(info: JobInfo) -> JobInfo:
+        if info.state == "FAILED" and (info.exit_code or "").split(":")[0] == str(PREEMPTED_EXIT_CODE):
+            return replace(info, state="PREEMPTED")
+        return info
+
+    return replace(account, latest=fix(account.latest), segments=tuple(fix(s) for s in account.segments))
+
+
+def _check_name(name: str, comment: str) -> None:
+    if not _SAFE_NAME.match(name):
+        raise ExecutorError(f"job name {name!r} has characters other than [A-Za-z0-9_.-]")
+    if not _SAFE_COMMENT.match(comment):
+        raise ExecutorError(f"job comment {comment!r} has characters other than [A-Za-z0-9_./:-]")
+
+
+def _id_key(job_id: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.split(r"[_+]", job_id) if p.isdigit())

@@ -1,0 +1,30 @@
+"""Small callables the Slurm tests run inside allocations (pickled by value: see conftest)."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def sleep_then_report(seconds: float, out: str) -> str:
+    """Sleep, then write what the allocation looked like."""
+    time.sleep(seconds)
+    cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    Path(out).write_text(f"{cvd}\n{os.environ.get('SLURM_JOB_ID', '')}\n")
+    return cvd
+
+
+class CountingSleeper:
+    """Rank 0 appends one line per start to `log`, then all ranks sleep: a requeued job has two lines."""
+
+    def __init__(self, seconds: float, log: str) -> None:
+        self.seconds = seconds
+        self.log = log
+
+    def __call__(self) -> int:
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            with open(self.log, "a") as f:
+                f.write(f"start {os.environ.get('SLURM_JOB_ID', '')} {time.time():.1f}\n")
+        time.sleep(self.seconds)
+        return len(Path(self.log).read_text().splitlines())

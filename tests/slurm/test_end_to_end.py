@@ -1,0 +1,137 @@
+"""Queue, ledger and the real Slurm together: what a reconcile cycle books, exactly-once after a
+worker crash, `ggpo-batch cancel` reaching scancel, and one sacct call however many jobs are active."""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.control import cancel_runs
+from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.executor.base import job_name
+from ggpo_batch.executor.sacct import Sacct, run_command
+from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
+from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
+from ggpo_batch.spec import load_spec
+
+from .conftest import CountingRunner
+
+pytestmark = [pytest.mark.slurm, pytest.mark.redis]
+
+SPEC = """
+schema = 1
+[experiment]
+name = "{name}"
+method = "ggpo"
+seeds = [1, 2, 3]
+gpus = 4
+loop_budget_seconds = 2
+executor = "slurm"
+profile = "dev-cluster"
+max_gpu_hours = 1.0
+[overheads]
+setup_export_seconds = 1
+audit_seconds = 1
+evaluation_seconds = 1
+[arms.clean]
+exposure = "none"
+"""
+
+
+def enqueue(ledger, settings, tmp_path: Path, tag: str) -> list[str]:  # type: ignore[no-untyped-def]
+    p = tmp_path / "slurm-e2e.toml"
+    p.write_text(SPEC.format(name=f"e2e-{tag}"))
+    res = enqueue_spec(ledger, settings, load_spec(p), actor="tester")
+    return sorted(r.run_key for r in res.runs)
+
+
+def sacct_gpu_hours(job_id: str) -> float:
+    (line,) = run_command(["sacct", "-X", "-P", "--noheader", "-j", job_id, "-o", "AllocTRES,ElapsedRaw"]).splitlines()
+    tres, elapsed = line.split("|")
+    gpus = int(dict(kv.split("=") for kv in tres.split(","))["gres/gpu"])
+    return gpus * int(elapsed) / 3600
+
+
+def reconcile_until_ended(ledger, settings, queue, executors, timeout_s: float = 90):  # type: ignore[no-untyped-def]
+    end = time.monotonic() + timeout_s
+    reports = []
+    while time.monotonic() < end:
+        reports.append(reconcile(ledger, settings, [queue], actor="test", executors=executors,
+                                 stale_after=timedelta(0)))
+        if reports[-1].active == 0:
+            return reports
+        time.sleep(1)
+    raise AssertionError(f"attempts still active after {timeout_s} s: {reports[-1]}")
+
+
+def test_crash_after_sbatch_then_reconcile_books_sacct_gpu_hours_with_one_sacct_per_cycle(
+        dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
+    keys = enqueue(ledger, settings, tmp_path, tag)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    runner = CountingRunner()
+    ex = SlurmExecutor(profile, settings.jobs_dir, sacct=Sacct(runner=runner), runner=runner, min_submit_interval_s=0)
+    ids, names = {}, {}
+    for key in keys:
+        # What the worker does first: the attempt row, before sbatch ...
+        att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w-dead")
+        # ... then sbatch, and then it dies before writing the job id into the ledger.
+        names[key] = job_name(key, att.number)
+        ids[key] = ex.submit_callable(lambda: time.sleep(3), names[key], job_comment(key, att.number), time=3)
+    reports = reconcile_until_ended(ledger, settings, queue, {"slurm": ex})
+    assert reports[0].resolved_submitting == 3  # found by name, not lost, not submitted again
+    assert ex.sbatch_calls == 3
+    for key in keys:
+        assert run_command(["squeue", "-h", "-t", "all", "--name", names[key], "-o", "%i"]).split() == [ids[key]]
+    # one sacct call per cycle for all active jobs (cycles that polled anything)
+    polled = [r for r in reports if r.polled]
+    assert polled and all(r.executor_calls["slurm"] == 1 for r in polled)
+    assert runner.count("sacct") == len(polled)
+    assert max(r.polled for r in polled) == 3
+    for key in keys:
+        (att,) = ledger.get_run(key).attempts
+        assert att.job_id == ids[key] and att.state == "failed"  # no result record: the callable wrote none
+        assert att.gpu_hours_scheduler == pytest.approx(sacct_gpu_hours(ids[key]))
+        assert att.gpu_hours_scheduler == pytest.approx(4 * att.elapsed_seconds / 3600) and att.elapsed_seconds >= 3
+        assert att.gpu_hours_job == pytest.approx(att.gpu_hours_scheduler)
+
+
+def test_ggpo_batch_cancel_scancels_the_allocation(dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
+    key = enqueue(ledger, settings, tmp_path, tag)[0]
+    ex = SlurmExecutor(profile, settings.jobs_dir, min_submit_interval_s=0)
+    att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
+    job_id = ex.submit_callable(lambda: time.sleep(120), job_name(key, att.number), job_comment(key, att.number),
+                                time=5)
+    ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
+    [res] = cancel_runs(ledger, settings, [key], actor="bob", reason="wrong arm")
+    assert res.cancelled_job == job_id
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=30)
+    (att,) = ledger.get_run(key).attempts
+    assert att.state == "cancelled" and ledger.get_run(key).state == "cancelled"
+    assert ex.poll([job_id])[job_id].state == "CANCELLED"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("ggpo_batch.train.job") is None,
+                    reason="needs the training job (ggpo_batch.train.job) for the run's payload")
+def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
+        dev_cluster, ledger, settings, worker_env, tmp_path, tag):  # type: ignore[no-untyped-def]
+    from ggpo_batch.worker import run_worker
+
+    key = enqueue(ledger, settings, tmp_path, tag)[0]
+    others = [k for k in enqueue(ledger, settings, tmp_path, tag) if k != key]
+    cancel_runs(ledger, settings, others, actor="tester", reason="one run is enough here")
+    run_worker(settings, [settings.queue], burst=True, reconcile_interval=5, settle_timeout=300)
+    run = ledger.get_run(key)
+    (att,) = run.attempts
+    assert att.executor == "slurm" and att.job_id and att.gpus == 4
+    assert att.state == "succeeded" and run.state == "succeeded", (att.state, att.reason)
+    assert att.gpu_hours_scheduler == pytest.approx(sacct_gpu_hours(att.job_id))
+    # the job's own figure (from its record) is booked beside Slurm's; it misses the job's start-up
+    assert att.gpu_hours_job is not None and 0 < att.gpu_hours_job <= att.gpu_hours_scheduler
+    assert Sacct().accounts([att.job_id])[att.job_id].latest.alloc_gpus == 4
