@@ -17,7 +17,7 @@ from typing import Sequence
 from .attempts import attempt_folder, settle
 from .config import Settings
 from .errors import LedgerError
-from .executor import Executor, make_executor
+from .executor import Executor, JobInfo, make_executor
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run, utcnow
 from .queue import RunQueue
@@ -65,16 +65,19 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             profile = RunSpec.from_dict(pairs[0][0].run_spec).profile
             ex = executors[ex_name] = make_executor(ex_name, jobs_dir=settings.jobs_dir, profile=profile)
         with_id = [(r, a) for r, a in pairs if a.job_id]
-        infos = ex.poll([a.job_id for _, a in with_id]) if with_id else {}  # ONE call per executor
+        infos = _poll(ex, [a.job_id for _, a in with_id]) if with_id else {}  # ONE call
         rep.executor_calls[ex_name] = rep.executor_calls.get(ex_name, 0) + (1 if with_id else 0)
         rep.polled += len(with_id)
         for run, att in with_id:
-            info = infos.get(att.job_id)  # type: ignore[arg-type]
-            if info is None:
+            if att.job_id not in infos:
                 continue
+            info, segments = infos[att.job_id]  # type: ignore[index]
             try:
+                run, att = _book_requeues(ledger, run, att, segments, actor)
                 if info.final:
-                    out = settle(ledger, run, att, info, attempt_folder(settings.jobs_dir, run.run_key, att.number),
+                    # A requeued job keeps writing into the folder of the attempt that submitted it.
+                    first = min(a.number for a in run.attempts if a.job_id == att.job_id)
+                    out = settle(ledger, run, att, info, attempt_folder(settings.jobs_dir, run.run_key, first),
                                  actor=actor)
                     rep.ended += 1
                     if out.retry and _queue_of(run, settings) in by_name:
@@ -104,6 +107,30 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     rep.requeued = _requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names)
     return rep
+
+
+def _poll(ex: Executor, ids: list[str]) -> dict[str, tuple[JobInfo, tuple[JobInfo, ...]]]:
+    """One scheduler call for all ids: job id -> (latest state, every run of the job). Slurm
+    reports each requeue under the same job id as a run of its own, booked as its own attempt."""
+    if not hasattr(ex, "accounts"):
+        return {j: (info, ()) for j, info in ex.poll(ids).items()}
+    return {j: (a.latest, a.segments) for j, a in ex.accounts(ids).items()}  # type: ignore[attr-defined]
+
+
+def _book_requeues(ledger: Ledger, run: Run, att: Attempt, segments: Sequence[JobInfo],
+                   actor: str) -> tuple[Run, Attempt]:
+    """Attempts booked on this job id so far vs the runs Slurm made of it: book each new requeue."""
+    booked = sum(1 for a in run.attempts if a.job_id == att.job_id)
+    if not booked or len(segments) <= booked:
+        return run, att
+    while len(segments) > booked:
+        seg, nxt = segments[booked - 1], segments[booked]
+        att = ledger.book_requeue(run.run_key, att.number, actor=actor, started_at=seg.start, ended_at=seg.end,
+                                  elapsed_seconds=seg.elapsed_seconds, gpu_hours_scheduler=seg.gpu_hours,
+                                  next_started_at=nxt.start)
+        booked += 1
+    run = ledger.get_run(run.run_key)
+    return run, run.attempts[-1]
 
 
 def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:

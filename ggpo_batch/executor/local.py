@@ -65,7 +65,9 @@ class LocalExecutor(Executor):
 
         folder.mkdir(parents=True, exist_ok=True)
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0)
+        # The controller's shell exports the start time, so the job's clock starts with the "allocation".
+        ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
+                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)"])
         job = ex.submit(make_payload(spec, folder / RECORD_NAME))
         job_id = str(job.job_id)
         self._jobs[job_id] = job

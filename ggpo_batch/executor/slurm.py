@@ -30,6 +30,7 @@ from .profile import SlurmProfile
 from .sacct import JobAccount, Runner, Sacct, normalize_state, run_command
 
 log = logging.getLogger(__name__)
+ALLOC_START_LINE = "export GGPO_ALLOC_START=$EPOCHREALTIME"  # bash 5: the batch script is #!/bin/bash
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
@@ -209,6 +210,8 @@ class SlurmExecutor(Executor):
         params = self.profile.to_submitit_parameters()
         params.update(overrides)
         params.update(job_name=name, comment=comment)
+        # First line of the batch script: the allocation's start, for the job's own GPU-hour clock.
+        params["setup"] = [ALLOC_START_LINE, *params.get("setup", [])]
         return params
 
     def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:

@@ -50,6 +50,21 @@ def _distributed_env() -> tuple[int, int, int, bool]:
                 int(os.environ.get("LOCAL_RANK", "0")), False)
 
 
+ALLOC_START_ENV = "GGPO_ALLOC_START"
+
+
+def allocation_start() -> float:
+    """When this allocation began (epoch s): the executor's batch script exports it as its first
+    line, so the job's own GPU-hours include interpreter and torch start-up, as Slurm's do."""
+    raw = os.environ.get(ALLOC_START_ENV, "")
+    try:
+        start = float(raw)
+    except ValueError:
+        return time.time()
+    now = time.time()
+    return start if 0 <= now - start < 7 * 24 * 3600 else now
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
@@ -72,7 +87,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
         self._stop_requested = True
 
     def __call__(self) -> dict[str, Any]:
-        t0 = time.time()
+        t0 = allocation_start()
         rank, world, local_rank, under_submitit = _distributed_env()
         import torch
 

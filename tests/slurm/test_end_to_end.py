@@ -135,3 +135,38 @@ def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
     # the job's own figure (from its record) is booked beside Slurm's; it misses the job's start-up
     assert att.gpu_hours_job is not None and 0 < att.gpu_hours_job <= att.gpu_hours_scheduler
     assert Sacct().accounts([att.job_id])[att.job_id].latest.alloc_gpus == 4
+
+
+@pytest.mark.slow
+def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hours(
+        dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
+    import submitit
+
+    from . import jobs
+
+    [key, *_] = enqueue(ledger, settings, tmp_path, tag)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    ex = SlurmExecutor(profile, settings.jobs_dir, min_submit_interval_s=0)
+    att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
+    log = tmp_path / "starts.log"
+    job_id = ex.submit_callable(jobs.CountingSleeper(6, str(log)), job_name(key, att.number),
+                                job_comment(key, att.number), folder=tmp_path / "job", time=15, requeues=1)
+    ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
+    end = time.monotonic() + 30
+    while not log.exists() and time.monotonic() < end:
+        time.sleep(0.2)
+    time.sleep(3)  # let the first run hold its allocation long enough to cost something
+    submitit.SlurmJob(folder=tmp_path / "job", job_id=job_id)._interrupt(timeout=False)  # as a preemption
+    while time.monotonic() < end + 60 and ex.poll([job_id])[job_id].restarts < 1:
+        time.sleep(0.5)
+    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=120)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["preempted", "failed"]  # no record: the sleeper is not a trainer
+    assert {a.job_id for a in run.attempts} == {job_id}
+    acc = ex.accounts([job_id])[job_id]
+    assert len(acc.segments) == 2
+    booked = [a.gpu_hours_scheduler for a in run.attempts]
+    assert booked == pytest.approx([s.gpu_hours for s in acc.segments]) and booked[0] > 0
+    assert sum(booked) == pytest.approx(acc.gpu_hours)
+    print(f"\nrequeued job {job_id}: attempts {[a.number for a in run.attempts]}, GPU-h {booked}")
