@@ -88,6 +88,9 @@ class Settings:
     user_gpu_hours_cap: float | None = None
     queue_gpu_hours_cap: float | None = None
     repo_dir: Path = field(default_factory=lambda: Path(__file__).resolve().parent.parent)
+    # Fault injection for the fault suite: seconds a worker sleeps at a named point of a submission
+    # (GGPO_FAULT_PAUSE="after_submit=30"), so a test can SIGKILL it exactly there.
+    fault_pause: tuple[tuple[str, float], ...] = ()
 
     @property
     def jobs_dir(self) -> Path:
@@ -111,7 +114,24 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         defer_seconds=_int(env, "GGPO_DEFER_SECONDS", 30),
         user_gpu_hours_cap=_float(env, "GGPO_USER_GPU_HOURS_CAP"),
         queue_gpu_hours_cap=_float(env, "GGPO_QUEUE_GPU_HOURS_CAP"),
+        fault_pause=_fault_pause(env.get("GGPO_FAULT_PAUSE", "")),
     )
+
+
+FAULT_POINTS = ("before_submit", "after_submit")
+
+
+def _fault_pause(raw: str) -> tuple[tuple[str, float], ...]:
+    out = []
+    for item in filter(None, (x.strip() for x in raw.split(","))):
+        point, _, secs = item.partition("=")
+        if point not in FAULT_POINTS:
+            raise ConfigError(f"GGPO_FAULT_PAUSE: unknown point {point!r} (points: {', '.join(FAULT_POINTS)})")
+        try:
+            out.append((point, float(secs)))
+        except ValueError:
+            raise ConfigError(f"GGPO_FAULT_PAUSE: {item!r} must be POINT=SECONDS") from None
+    return tuple(out)
 
 
 def _login() -> str:

@@ -67,6 +67,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         return {"run_key": run_key, "skipped": exc.message}
     folder = attempt_folder(settings.jobs_dir, run_key, att.number)
     executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
+    _fault_pause(settings, "before_submit")
     try:
         job_id = executor.find(spec, att.number, folder) or executor.submit(spec, att.number, folder)
     except Exception as exc:
@@ -75,6 +76,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
                                   state="failed")
         log.error("run %s: %s", run_key, reason)
         return {"run_key": run_key, "failed": reason}
+    _fault_pause(settings, "after_submit")
     ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
     # A debug job has ended inside submit(); inline (memory://) mode has no reconciler and runs one
@@ -84,6 +86,13 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         run = ledger.get_run(run_key)
         out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
     return out
+
+
+def _fault_pause(settings: Settings, point: str) -> None:
+    for name, seconds in settings.fault_pause:
+        if name == point:
+            log.warning("fault injection: pausing %.1f s at %s", seconds, point)
+            time.sleep(seconds)
 
 
 def _wait_final(executor: Any, job_id: str, poll_seconds: float = 1.0) -> Any:
@@ -129,6 +138,12 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     """Work the queues; in burst mode, then wait (reconciling) until this queue's attempts have ended."""
     from .queue import connect as redis_connect
 
+    from .executor import payload  # noqa: F401  (imported once here, so each forked job need not)
+
+    try:  # the training payload imports torch: pay for it once in the worker, not in every job
+        import ggpo_batch.train.job  # noqa: F401
+    except ImportError:  # a submit-only worker without the train extra still works (slower forks)
+        pass
     conn = redis_connect(settings.redis_url)
     worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
                         serializer=JSONSerializer, name=name, settings=settings,
