@@ -148,10 +148,27 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
                         serializer=JSONSerializer, name=name, settings=settings,
                         maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
-    worked = worker.work(burst=burst, with_scheduler=True)
-    if burst:
-        wait_settled(settings, queues, timeout=settle_timeout, actor=f"reconcile@{worker.name}")
-    return worked
+    if not burst:
+        return worker.work(burst=False, with_scheduler=True)
+    # Burst: drain, let this queue's attempts end, and go again while runs deferred by the quota
+    # are still waiting (each pass moves the ones now due from the schedule to the queue).
+    deadline = time.monotonic() + settle_timeout
+    worked = False
+    while True:
+        worked = worker.work(burst=True, with_scheduler=True) or worked
+        wait_settled(settings, queues, timeout=max(1.0, deadline - time.monotonic()), actor=f"reconcile@{worker.name}")
+        if not _has_queued_runs(settings, queues) or time.monotonic() > deadline:
+            return worked
+        time.sleep(min(settings.defer_seconds, 5))
+
+
+def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
+    ledger = connect(settings.db_url)
+    try:
+        return any((r.experiment.queue or settings.queue) in queues for r in ledger.runs(states=["queued"],
+                                                                                         with_attempts=False))
+    finally:
+        ledger.engine.dispose()
 
 
 def wait_settled(settings: Settings, queues: Sequence[str], *, timeout: float, actor: str,
