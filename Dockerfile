@@ -14,10 +14,10 @@ WORKDIR /opt/ggpo-batch
 # torch the train extra pins (vllm 0.33 moved to torch 2.14).
 RUN pip install torch==2.13.0 deepspeed==0.19.8 vllm==0.32.0
 
-COPY setup.cfg pyproject.toml README.m[d] ./
-COPY ggpo_batch ./ggpo_batch
-RUN pip install ".[train,gpu]"
-COPY tools ./tools
+# The whole checkout (see .dockerignore): the ledger's migrations/, jobs/ and slurm/ profiles are
+# read from it, so the package is installed editable in place.
+COPY . .
+RUN pip install -e ".[train,gpu]"
 
 # A smoke check of the image on a GPU node: docker run --gpus 1 IMAGE bash tools/gpu_smoke.sh
 ENTRYPOINT ["ggpo-batch"]
