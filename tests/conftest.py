@@ -108,9 +108,14 @@ REDIS_TEST_DB = int(os.environ.get("GGPO_TEST_REDIS_DB", "1"))
 @pytest.fixture
 def redis_url() -> Iterator[str]:
     """The real Redis, one database of its own, flushed before and after the test."""
+    yield from flushed_redis(REDIS_TEST_DB)
+
+
+def flushed_redis(db: int) -> Iterator[str]:
+    """Yield the URL of Redis database `db`, flushed before and after (skip, or fail in CI, if down)."""
     import redis
 
-    url = f"{REDIS_URL}/{REDIS_TEST_DB}"
+    url = f"{REDIS_URL}/{db}"
     conn = redis.Redis.from_url(url)
     try:
         conn.ping()

@@ -1,7 +1,7 @@
 """Initial ledger schema: experiments, runs, attempts, events, decisions, artifacts, component runs.
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02
 """
 

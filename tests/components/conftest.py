@@ -75,59 +75,13 @@ def redis_conn():
     conn.close()
 
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
-@pytest.fixture(scope="session")
-def nightly_pg_url():
-    """A PostgreSQL database of this task's own (ggpo_nightly_*), dropped at the end of the session."""
-    import os
-    import uuid
-
-    psycopg = pytest.importorskip("psycopg")
-    try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=3)
-    except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable: {exc}")
-    name = f"ggpo_nightly_{os.getpid()}_{uuid.uuid4().hex[:6]}"
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def nightly_db_url(request, tmp_path: Path):
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
-        return
-    url = request.getfixturevalue("nightly_pg_url")
-    from sqlalchemy import create_engine, text
-
-    def wipe() -> None:
-        engine = create_engine(url)
-        with engine.begin() as conn:
-            conn.execute(text("DROP SCHEMA public CASCADE"))
-            conn.execute(text("CREATE SCHEMA public"))
-        engine.dispose()
-
-    wipe()
-    yield url
-    wipe()
+@pytest.fixture
+def nightly_db_url(db_url: str) -> str:
+    """The root conftest's empty database, on SQLite and on PostgreSQL."""
+    return db_url
 
 
 @pytest.fixture
-def nightly_ledger(nightly_db_url: str):
-    """The lead's ledger at head on SQLite and on PostgreSQL."""
-    from ggpo_batch.ledger import connect, upgrade
-    from ggpo_batch.ledger.db import make_engine
-
-    engine = make_engine(nightly_db_url)
-    upgrade(engine)
-    engine.dispose()
-    led = connect(nightly_db_url)
-    yield led
-    led.engine.dispose()
+def nightly_ledger(ledger):  # type: ignore[no-untyped-def]
+    """The root conftest's ledger at head, on SQLite and on PostgreSQL."""
+    return ledger

@@ -112,17 +112,6 @@ def db_url(tmp_path: Path):  # overrides tests/conftest.py: the Slurm side is ba
 
 @pytest.fixture
 def redis_url():  # overrides tests/conftest.py: Redis db 8, flushed before and after
-    import redis
+    from ..conftest import flushed_redis
 
-    url = f"redis://127.0.0.1:6379/{SLURM_REDIS_DB}"
-    conn = redis.Redis.from_url(url)
-    try:
-        conn.ping()
-    except redis.exceptions.ConnectionError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis not reachable at {url}: {exc}")
-        pytest.skip(f"Redis not reachable at {url}: {exc}")
-    conn.flushdb()
-    yield url
-    conn.flushdb()
-    conn.close()
+    yield from flushed_redis(SLURM_REDIS_DB)
