@@ -138,3 +138,23 @@ def test_over_cap_is_decided_not_queued_then_accepted(ledger, settings, tmp_path
     assert res.enqueued == 4 and sorted(q.waiting()) == sorted(r.run_key for r in ledger.runs())
     assert {r.state for r in ledger.runs()} == {"queued"}
     assert [x.kind for x in ledger.decisions("q")] == ["not_reproduced_high_cost", "cost_accepted"]
+
+
+def test_status_shows_queue_position_and_the_worker_holding_a_run(ledger, settings, worker_env,  # type: ignore[no-untyped-def]
+                                                                  tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+
+    from ggpo_batch.cli import cli
+
+    enqueue_spec(ledger, settings, _spec(tmp_path), actor="tester")
+    ledger.begin_attempt("q-v1-1-clean", executor="local", gpus=4, actor="tester", worker="host.1234")
+    res = CliRunner().invoke(cli, ["status", "--json"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    rows = {r["run_key"]: r for r in json.loads(res.output)["experiments"][0]["runs"]}
+    positions = sorted(r["queue_position"] for r in rows.values())
+    assert positions == [1, 2, 3, 4]
+    assert rows["q-v1-1-clean"]["worker"] == "host.1234"
+    table = CliRunner().invoke(cli, ["status"], catch_exceptions=False).output
+    assert "queue #1" in table and "worker host.1234" in table

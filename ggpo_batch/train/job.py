@@ -43,10 +43,18 @@ def _distributed_env() -> tuple[int, int, int, bool]:
     try:
         env = submitit.helpers.TorchDistributedEnvironment().export()
         return env.rank, env.world_size, env.local_rank, True
-    except RuntimeError:  # not inside a submitit job
+    except RuntimeError:  # not inside a submitit job (or submitit's debug executor): torchrun-style env
+        if "RANK" not in os.environ:  # a lone process: rank 0 of 1, on a free local port
+            import socket
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(port))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        return (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")),
+        return (int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
                 int(os.environ.get("LOCAL_RANK", "0")), False)
 
 

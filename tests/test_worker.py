@@ -1,0 +1,93 @@
+"""A CPU spec through the real queue and worker to a finished attempt; a worker SIGKILLed mid-job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
+from ggpo_batch.record import check_run_record
+from ggpo_batch.spec import load_spec
+
+pytestmark = [pytest.mark.redis, pytest.mark.train]
+
+SPEC = """
+schema = 1
+[experiment]
+name = "wk"
+method = "ggpo"
+seeds = [{seeds}]
+gpus = 4
+loop_budget_seconds = {budget}
+executor = "{executor}"
+[train]
+eval_size = 4
+[arms.clean]
+exposure = "none"
+"""
+
+
+def _spec(tmp_path: Path, executor: str, budget: float, seeds: str = "1"):  # type: ignore[no-untyped-def]
+    p = tmp_path / "wk.toml"
+    p.write_text(SPEC.format(executor=executor, budget=budget, seeds=seeds))
+    return load_spec(p)
+
+
+def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, settings, worker_env,  # type: ignore[no-untyped-def]
+                                                                         tmp_path: Path, db_url: str) -> None:
+    if not db_url.startswith("sqlite"):
+        pytest.skip("the worker path is backend-neutral; the ledger tests cover PostgreSQL")
+    from ggpo_batch.worker import run_worker
+
+    enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1), actor="tester")
+    run_worker(settings, ["testq"], burst=True, reconcile_interval=5, settle_timeout=120)
+    run = ledger.get_run("wk-v1-1-clean")
+    assert run.state == "succeeded", run.cause
+    [att] = run.attempts
+    assert att.state == "succeeded" and att.executor == "debug" and att.job_id.startswith("debug-")
+    assert check_run_record("1/clean", run.result) == []
+    assert att.gpu_hours_job == pytest.approx(run.result["timing"]["allocated_gpu_hours_through_evaluation"])
+    assert att.gpu_hours_job == pytest.approx(4 * run.result["timing"]["elapsed_seconds"] / 3600)
+    [art] = ledger.artifacts(run_id=run.id)
+    assert art.kind == "run_record" and Path(art.path).exists() and len(art.sha256) == 64
+
+
+def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(  # type: ignore[no-untyped-def]
+        ledger, settings, worker_env, tmp_path: Path, db_url: str) -> None:
+    if not db_url.startswith("sqlite"):
+        pytest.skip("one backend is enough for a worker kill")
+    enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 60), actor="tester")
+    env = dict(os.environ)
+    proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "worker", "--queue", "testq"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end:
+            run = ledger.get_run("wk-v1-1-clean")
+            if run.attempts and (Path(settings.jobs_dir) / "wk-v1-1-clean" / "attempt-1").exists():
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError("the worker never started the run")
+        time.sleep(3)  # mid-job: training inside the work horse
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # worker and work horse together
+        proc.wait()
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    rep = reconcile(ledger, settings, [q], actor="test", stale_after=timedelta(0))
+    assert rep.resolved_submitting == 1
+    run = ledger.get_run("wk-v1-1-clean")
+    assert run.state == "lost" and [a.state for a in run.attempts] == ["lost"]
+    assert "worker died" in (run.cause or "")
+    again = reconcile(ledger, settings, [q], actor="test", stale_after=timedelta(0))
+    assert again.requeued == 0 and again.resolved_submitting == 0
+    assert "wk-v1-1-clean" not in q.waiting() and len(ledger.get_run("wk-v1-1-clean").attempts) == 1
