@@ -40,7 +40,7 @@ exposure = "none"
 """
 
 
-def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev-1task", retries: int = 0,
+def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev-cluster-1task", retries: int = 0,
                max_gpu_hours: float = 1.0) -> Path:
     path = folder / f"{name}.toml"
     path.write_text(SPEC.format(name=name, seeds=seeds, profile=profile, retries=retries,

@@ -41,10 +41,10 @@ def redis_url():  # type: ignore[no-untyped-def]
 
 # point -> (profile, GGPO_FAULT_PAUSE, expected run state)
 POINTS = {
-    "before_sbatch": ("dev-1task", f"before_submit={PAUSE}", "lost"),
-    "after_sbatch_before_ledger": ("dev-1task", f"after_submit={PAUSE}", "succeeded"),
-    "allocation_pending": ("dev-held", "", "succeeded"),
-    "allocation_running": ("dev-1task", "", "succeeded"),
+    "before_sbatch": ("dev-cluster-1task", f"before_submit={PAUSE}", "lost"),
+    "after_sbatch_before_ledger": ("dev-cluster-1task", f"after_submit={PAUSE}", "succeeded"),
+    "allocation_pending": ("dev-cluster-held", "", "succeeded"),
+    "allocation_running": ("dev-cluster-1task", "", "succeeded"),
 }
 
 
