@@ -85,7 +85,7 @@ class WorkerProcess:
         self.log = log
         argv = [sys.executable, "-c", "from ggpo_batch.cli import main; main()", "worker", "--name", name,
                 "--reconcile-interval", str(reconcile_interval)] + (["--burst"] if burst else [])
-        self._out = open(log, "wb")
+        self._out = open(log, "wb")  # noqa: SIM115  (closed in kill(); the child writes to it meanwhile)
         self.proc = subprocess.Popen(argv, env=env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,15 @@ from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from tests.conftest import _wipe_pg
 
-from .conftest import REPO, WorkerProcess, cancel_tagged, redis_db, slurm_jobs, worker_environment, write_spec
+from .conftest import (
+    REPO,
+    WorkerProcess,
+    cancel_tagged,
+    redis_db,
+    slurm_jobs,
+    worker_environment,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(420)]
 FAULTS_REDIS_DB = 11
@@ -70,7 +77,7 @@ def test_four_workers_200_runs_each_submitted_once_quota_never_exceeded(dev_clus
             while not stop.is_set():
                 samples.append((time.monotonic() - t0, ledger.in_flight_gpus(queue_name), _active_slurm_gpus(tag)))
                 stop.wait(0.2)
-        except BaseException as exc:  # surfaced below
+        except BaseException as exc:  # noqa: BLE001  (surfaced below)
             errors.append(exc)
 
     ex = SlurmExecutor(load_profile("dev-cluster-held", REPO / "slurm" / "profiles"), settings.jobs_dir,
@@ -96,7 +103,7 @@ def test_four_workers_200_runs_each_submitted_once_quota_never_exceeded(dev_clus
                 reconcile(ledger, settings, [queue], actor="test-reconcile", executors={"slurm": ex},
                           stale_after=timedelta(seconds=60))
                 stop.wait(0.5)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001  (surfaced below)
             errors.append(exc)
 
     env = worker_environment(settings, GGPO_QUEUE_GPU_QUOTA=str(QUOTA_GPUS), GGPO_DEFER_SECONDS="1")

@@ -17,11 +17,21 @@ from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from tests.slurm import jobs
 from tests.slurm.test_end_to_end import reconcile_until_ended
 
-from .conftest import REPO, cancel_tagged, redis_db, sacct_gpu_hours, slurm_jobs, squeue_state, wait_until, write_spec
+from .conftest import (
+    REPO,
+    cancel_tagged,
+    redis_db,
+    sacct_gpu_hours,
+    slurm_jobs,
+    squeue_state,
+    wait_until,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.timeout(240)]
 FAULTS_REDIS_DB = 10
@@ -71,7 +81,7 @@ def _assert_booked_as_sacct(ledger, key: str, job_id: str) -> list[float]:  # ty
 
 
 def _ctld_alive() -> bool:
-    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True).stdout.count("UP") > 0
+    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False).stdout.count("UP") > 0
 
 
 @pytest.mark.slow
@@ -90,8 +100,7 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), 20, "slurmctld stopped")
         # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers; nothing is
         # booked as ended that has not ended, and the cycle does not fail
-        rep = reconcile_until_ended.__globals__["reconcile"](ledger, settings, [queue], actor="test",
-                                                             executors={"slurm": slurm})
+        rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": slurm})
         long_key = keys[1]
         assert rep.active >= 1 and ledger.get_run(long_key).attempts[0].state in ("submitted", "running")
         time.sleep(max(0.0, 8 - (time.monotonic() - down_at)))
@@ -178,17 +187,43 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
     time.sleep(3)
-    try:
-        run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
-        queue = RunQueue.from_url(settings.redis_url, settings.queue)
-        reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
-    finally:
-        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True)
-        wait_until(lambda: "idle" in run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]) or
-                   "mix" in run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]), 30, "node back")
+    _node_down_then_back()
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
     run = ledger.get_run(key)
     assert [a.state for a in run.attempts] == ["node_fail"] and run.state == "failed", \
         [(a.state, a.reason) for a in run.attempts]
     [gh] = _assert_booked_as_sacct(ledger, key, job_id)  # one run of the job: Slurm did not requeue it
     assert gh > 0 and squeue_state(job_id) == "NODE_FAIL"
     print(f"\n[fault] node failure, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
+
+
+def _node_down_then_back() -> None:
+    try:
+        run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True, check=False)
+        wait_until(lambda: run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip() in ("idle", "mixed",
+                                                                                             "allocated"),
+                   30, "node back")
+
+
+@pytest.mark.slow
+def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    log = tmp_path / "starts.log"
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job", requeues=1)
+    wait_until(log.exists, 30, "the first run started")
+    time.sleep(3)
+    _node_down_then_back()
+    wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
+    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["node_fail", "failed"], [(a.state, a.reason) for a in run.attempts]
+    assert run.attempts[0].scheduler_state == "NODE_FAIL" and "node failure" in (run.attempts[0].reason or "")
+    booked = _assert_booked_as_sacct(ledger, key, job_id)
+    assert all(b > 0 for b in booked) and len(log.read_text().splitlines()) == 2
+    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
+    print(f"\n[fault] node failure, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")

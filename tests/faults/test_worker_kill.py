@@ -21,8 +21,19 @@ from ggpo_batch.spec import load_spec
 from ggpo_batch.worker import submit_run
 from tests.slurm.test_end_to_end import reconcile_until_ended
 
-from .conftest import (REPO, CountingRunner, WorkerProcess, cancel_tagged, redis_db, sacct_gpu_hours, slurm_jobs,
-                       squeue_state, wait_until, worker_environment, write_spec)
+from .conftest import (
+    REPO,
+    CountingRunner,
+    WorkerProcess,
+    cancel_tagged,
+    redis_db,
+    sacct_gpu_hours,
+    slurm_jobs,
+    squeue_state,
+    wait_until,
+    worker_environment,
+    write_spec,
+)
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
 FAULTS_REDIS_DB = 9
