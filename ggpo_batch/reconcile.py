@@ -127,7 +127,7 @@ def _book_requeues(ledger: Ledger, run: Run, att: Attempt, segments: Sequence[Jo
         seg, nxt = segments[booked - 1], segments[booked]
         att = ledger.book_requeue(run.run_key, att.number, actor=actor, started_at=seg.start, ended_at=seg.end,
                                   elapsed_seconds=seg.elapsed_seconds, gpu_hours_scheduler=seg.gpu_hours,
-                                  next_started_at=nxt.start)
+                                  next_started_at=nxt.start, node_failed=seg.state in ("NODE_FAIL", "BOOT_FAIL"))
         booked += 1
     run = ledger.get_run(run.run_key)
     return run, run.attempts[-1]

@@ -25,7 +25,7 @@ _EXTRA_LINE = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(=(?P<value>[A-Za-z0-9_.,:
 # Flags our own parameters set; an extra line may not override them behind the profile's back.
 _OWNED_FLAGS = frozenset(
     {"job-name", "comment", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "time", "partition",
-     "account", "qos", "constraint", "output", "error", "signal", "array", "wrap"}
+     "account", "qos", "constraint", "output", "error", "signal", "array", "wrap", "requeue", "no-requeue"}
 )
 
 

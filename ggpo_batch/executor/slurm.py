@@ -185,7 +185,7 @@ class SlurmExecutor(Executor):
         new run of the same job id, booked as its own attempt); `overrides`: submitit SlurmExecutor parameters."""
         _check_name(name, comment)
         folder = Path(folder) if folder is not None else self.folder / name
-        params = self._parameters(name, comment, overrides)
+        params = self._parameters(name, comment, overrides, requeues=requeues)
         ex = self._submitit(folder, params)
         payload = Requeueable(fn, requeues, time_limit_s=60.0 * params["time"], signal_delay_s=params["signal_delay_s"])
         wait = self._last_submit + self.min_submit_interval_s - time.monotonic()
@@ -200,16 +200,22 @@ class SlurmExecutor(Executor):
         log.info("submitted %s as Slurm job %s (%s)", name, job.job_id, comment)
         return str(job.job_id)
 
-    def submission_script(self, name: str, comment: str, folder: Path, **overrides: Any) -> str:
+    def submission_script(self, name: str, comment: str, folder: Path, *, requeues: int = 0, **overrides: Any) -> str:
         """The sbatch script `submit_callable` would write (for review and for the saved-copy test)."""
         _check_name(name, comment)
-        ex = self._submitit(folder, self._parameters(name, comment, overrides))
+        ex = self._submitit(folder, self._parameters(name, comment, overrides, requeues=requeues))
         return ex._make_submission_file_text(ex._submitit_command_str, "uid")
 
-    def _parameters(self, name: str, comment: str, overrides: dict[str, Any]) -> dict[str, Any]:
+    def _parameters(self, name: str, comment: str, overrides: dict[str, Any], *, requeues: int = 0) -> dict[str, Any]:
         params = self.profile.to_submitit_parameters()
         params.update(overrides)
         params.update(job_name=name, comment=comment)
+        # Slurm requeues a batch job on its own when its node fails (JobRequeue=1, the default),
+        # which would run an attempt again that the spec allows no retry for: forbid it unless the
+        # spec allows requeues; with an allowance Requeueable (preemption) and Slurm (node failure) may.
+        extra = {k: v for k, v in params.get("additional_parameters", {}).items() if k not in ("requeue", "no_requeue")}
+        extra["requeue" if requeues > 0 else "no_requeue"] = True
+        params["additional_parameters"] = extra
         # First line of the batch script: the allocation's start, for the job's own GPU-hour clock.
         params["setup"] = [ALLOC_START_LINE, *params.get("setup", [])]
         return params

@@ -447,17 +447,20 @@ class Ledger:
 
     def book_requeue(self, run_key: str, number: int, *, actor: str, started_at: datetime | None,
                      ended_at: datetime | None, elapsed_seconds: float | None, gpu_hours_scheduler: float | None,
-                     next_started_at: datetime | None) -> Attempt:
-        """The scheduler requeued attempt `number` under the same job id (preemption): end it as
-        preempted with its own accounting and open attempt number+1 on the same job, in one transaction."""
+                     next_started_at: datetime | None, node_failed: bool = False) -> Attempt:
+        """The scheduler requeued attempt `number` under the same job id (a preemption, or with
+        `node_failed` its node failing): end it as preempted / node_fail with its own accounting and
+        open attempt number+1 on the same job, in one transaction."""
         with self.session() as s:
             run, att = self._locked_attempt(s, run_key, number)
             if att.state in ATTEMPT_FINAL:
                 raise LedgerError(f"run {run_key} attempt {number} already ended as {att.state}")
-            reason = f"requeued by the scheduler as job {att.job_id} (preemption)"
-            self._event(s, entity="attempt", from_state=att.state, to_state="preempted", actor=actor, reason=reason,
+            state, sched, cause = ("node_fail", "NODE_FAIL", "node failure") if node_failed else (
+                "preempted", "PREEMPTED", "preemption")
+            reason = f"requeued by the scheduler as job {att.job_id} ({cause})"
+            self._event(s, entity="attempt", from_state=att.state, to_state=state, actor=actor, reason=reason,
                         run=run, attempt=att)
-            att.state, att.reason, att.scheduler_state = "preempted", reason, "PREEMPTED"
+            att.state, att.reason, att.scheduler_state = state, reason, sched
             att.started_at = started_at or att.started_at
             att.ended_at, att.elapsed_seconds, att.gpu_hours_scheduler = ended_at, elapsed_seconds, gpu_hours_scheduler
             nxt = Attempt(run_id=run.id, number=number + 1, executor=att.executor, job_id=att.job_id, state="running",

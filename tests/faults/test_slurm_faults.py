@@ -1,0 +1,229 @@
+"""Faults on the Slurm side while allocations run: slurmctld restarted, a preemption (USR2 through
+`scancel --signal`), a node failing (`scontrol update state=down`), a job cancelled from outside.
+What must hold: every attempt is booked with sacct's own GPU-hours (AllocTRES gres/gpu x ElapsedRaw),
+and a run is retried only where its spec allows infrastructure retries, each retry its own attempt."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.executor.base import job_name
+from ggpo_batch.executor.profile import load_profile
+from ggpo_batch.executor.sacct import run_command
+from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
+from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
+from ggpo_batch.spec import load_spec
+from tests.slurm import jobs
+from tests.slurm.test_end_to_end import reconcile_until_ended
+
+from .conftest import (
+    REPO,
+    cancel_tagged,
+    redis_db,
+    sacct_gpu_hours,
+    slurm_jobs,
+    squeue_state,
+    wait_until,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.timeout(240)]
+FAULTS_REDIS_DB = 10
+CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
+NODE = "vm"
+
+
+@pytest.fixture
+def db_url(tmp_path: Path):  # type: ignore[no-untyped-def]
+    yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
+
+
+@pytest.fixture
+def redis_url():  # type: ignore[no-untyped-def]
+    yield from redis_db(FAULTS_REDIS_DB)
+
+
+@pytest.fixture
+def slurm(dev_cluster, tag):  # type: ignore[no-untyped-def]
+    ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), Path("/tmp"), min_submit_interval_s=0)
+    yield ex
+    cancel_tagged(tag)
+
+
+def _runs(ledger, settings, tmp_path, tag, *, seeds, retries):  # type: ignore[no-untyped-def]
+    spec = load_spec(write_spec(tmp_path, f"sf-{tag}", seeds=seeds, retries=retries))
+    keys = sorted(r.run_key for r in enqueue_spec(ledger, settings, spec, actor="tester").runs)
+    RunQueue.from_url(settings.redis_url, settings.queue).queue.empty()  # as if a worker had taken them
+    return keys
+
+
+def _submit(ledger, ex, key, fn, folder, *, requeues: int = 0) -> str:  # type: ignore[no-untyped-def]
+    """What a worker does for one attempt, with a sleeper for a payload: attempt row, sbatch, job id."""
+    att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
+    job_id = ex.submit_callable(fn, job_name(key, att.number), job_comment(key, att.number), folder=folder,
+                                time=5, requeues=requeues)
+    ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
+    return job_id
+
+
+def _assert_booked_as_sacct(ledger, key: str, job_id: str) -> list[float]:  # type: ignore[no-untyped-def]
+    run = ledger.get_run(key)
+    booked = [a.gpu_hours_scheduler for a in run.attempts]
+    assert booked == pytest.approx(sacct_gpu_hours(job_id)), (booked, sacct_gpu_hours(job_id))
+    assert all(a.elapsed_seconds is not None and a.ended_at is not None for a in run.attempts)
+    return booked
+
+
+def _ctld_alive() -> bool:
+    return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False).stdout.count("UP") > 0
+
+
+@pytest.mark.slow
+def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
+    # one job ends while the controller is down, one runs on past its restart
+    ids = {k: _submit(ledger, slurm, k, lambda s=s: time.sleep(s), tmp_path / k.replace("/", "_"))
+           for k, s in zip(keys, (4, 14))}
+    for job_id in ids.values():
+        wait_until(lambda j=job_id: squeue_state(j) == "RUNNING", 30, f"job {job_id} running")
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    pid = int(CTLD_PIDFILE.read_text())
+    down_at = time.monotonic()
+    subprocess.run(["kill", str(pid)], check=True)
+    try:
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), 20, "slurmctld stopped")
+        # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers; nothing is
+        # booked as ended that has not ended, and the cycle does not fail
+        rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": slurm})
+        long_key = keys[1]
+        assert rep.active >= 1 and ledger.get_run(long_key).attempts[0].state in ("submitted", "running")
+        time.sleep(max(0.0, 8 - (time.monotonic() - down_at)))
+    finally:
+        subprocess.run(["slurmctld"], check=True)
+        wait_until(_ctld_alive, 30, "slurmctld back")
+    down_s = time.monotonic() - down_at
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
+    figures = []
+    for key, job_id in ids.items():
+        run = ledger.get_run(key)
+        (att,) = run.attempts
+        assert att.state == "failed" and "without writing its result record" in (att.reason or "")  # a sleeper
+        assert att.scheduler_state == "COMPLETED" and att.job_id == job_id
+        [gh] = _assert_booked_as_sacct(ledger, key, job_id)
+        assert gh > 0 and att.gpu_hours_job == pytest.approx(gh)
+        figures.append(f"{job_id}: {att.elapsed_seconds:.0f} s, {gh:.4f} GPU-h")
+    print(f"\n[fault] slurmctld down {down_s:.1f} s with 2 jobs running: both booked as sacct says ({'; '.join(figures)})")
+
+
+def _preempt(job_id: str) -> None:
+    """A preemption as Slurm delivers one to a submitit job: SIGTERM, then the USR2 it checkpoints on."""
+    run_command(["scancel", "--signal=TERM", job_id])
+    run_command(["scancel", "--signal=USR2", job_id])
+
+
+def test_preempted_without_retries_fails_the_run_with_no_new_attempt(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=0)
+    job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
+    wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
+    time.sleep(3)  # hold the allocation long enough to cost something
+    _preempt(job_id)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["preempted"] and run.state == "failed", run.cause
+    assert "PREEMPTED" in (run.cause or "") and "retry" not in (run.cause or "")
+    [gh] = _assert_booked_as_sacct(ledger, key, job_id)
+    assert gh > 0 and queue.present() == set()  # nothing put back on the queue
+    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
+    print(f"\n[fault] preempted, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
+
+
+@pytest.mark.slow
+def test_preempted_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    assert ledger.get_run(key).retries_allowed == 1
+    log = tmp_path / "starts.log"
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job",
+                     requeues=ledger.get_run(key).retries_allowed)
+    wait_until(log.exists, 30, "the first run started")
+    time.sleep(3)
+    _preempt(job_id)
+    wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
+    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["preempted", "failed"], [(a.state, a.reason) for a in run.attempts]
+    assert {a.job_id for a in run.attempts} == {job_id} and len(log.read_text().splitlines()) == 2
+    booked = _assert_booked_as_sacct(ledger, key, job_id)
+    assert all(b > 0 for b in booked)
+    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}  # the retry is a requeue, not a second sbatch
+    print(f"\n[fault] preempted, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
+
+
+def test_cancelled_from_outside_is_not_retried_even_with_retries(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=1)
+    wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
+    time.sleep(3)
+    run_command(["scancel", job_id])  # an operator, not ggpo-batch: the ledger learns it from sacct
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["cancelled"] and run.state == "cancelled", run.cause
+    [gh] = _assert_booked_as_sacct(ledger, key, job_id)
+    assert gh > 0 and queue.present() == set()
+    print(f"\n[fault] scancel from outside, retries=1: run {run.state}, 1 attempt, {gh:.4f} GPU-h booked")
+
+
+def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=0)
+    job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
+    wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
+    time.sleep(3)
+    _node_down_then_back()
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["node_fail"] and run.state == "failed", \
+        [(a.state, a.reason) for a in run.attempts]
+    [gh] = _assert_booked_as_sacct(ledger, key, job_id)  # one run of the job: Slurm did not requeue it
+    assert gh > 0 and squeue_state(job_id) == "NODE_FAIL"
+    print(f"\n[fault] node failure, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
+
+
+def _node_down_then_back() -> None:
+    try:
+        run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True, check=False)
+        wait_until(lambda: run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip() in ("idle", "mixed",
+                                                                                             "allocated"),
+                   30, "node back")
+
+
+@pytest.mark.slow
+def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    log = tmp_path / "starts.log"
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job", requeues=1)
+    wait_until(log.exists, 30, "the first run started")
+    time.sleep(3)
+    _node_down_then_back()
+    wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
+    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["node_fail", "failed"], [(a.state, a.reason) for a in run.attempts]
+    assert run.attempts[0].scheduler_state == "NODE_FAIL" and "node failure" in (run.attempts[0].reason or "")
+    booked = _assert_booked_as_sacct(ledger, key, job_id)
+    assert all(b > 0 for b in booked) and len(log.read_text().splitlines()) == 2
+    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
+    print(f"\n[fault] node failure, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")

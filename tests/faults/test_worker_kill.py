@@ -1,0 +1,129 @@
+"""A real `ggpo-batch worker` SIGKILLed (worker and work horse, the whole process group) at each
+point of a submission, on the dev Slurm: before sbatch, between sbatch and the ledger write, while
+the allocation waits (held) and while it runs. Then reconcile. What must hold: Slurm has exactly one
+job per run+attempt name (none if sbatch never ran), no run is left unaccounted for, and the run
+ends in a state that says what happened, with sacct's GPU-hours booked."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.executor.base import job_name
+from ggpo_batch.executor.profile import load_profile
+from ggpo_batch.executor.sacct import Sacct, run_command
+from ggpo_batch.executor.slurm import SlurmExecutor
+from ggpo_batch.queue import RunQueue
+from ggpo_batch.spec import load_spec
+from ggpo_batch.worker import submit_run
+from tests.slurm.test_end_to_end import reconcile_until_ended
+
+from .conftest import (
+    REPO,
+    CountingRunner,
+    WorkerProcess,
+    cancel_tagged,
+    redis_db,
+    sacct_gpu_hours,
+    slurm_jobs,
+    squeue_state,
+    wait_until,
+    worker_environment,
+    write_spec,
+)
+
+pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
+FAULTS_REDIS_DB = 9
+PAUSE = "120"  # far longer than the test waits: the kill always lands inside the pause
+
+
+@pytest.fixture
+def db_url(tmp_path: Path):  # type: ignore[no-untyped-def]
+    yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"  # workers on one host: SQLite is the embedded default
+
+
+@pytest.fixture
+def redis_url():  # type: ignore[no-untyped-def]
+    yield from redis_db(FAULTS_REDIS_DB)
+
+
+# point -> (profile, GGPO_FAULT_PAUSE, expected run state)
+POINTS = {
+    "before_sbatch": ("dev-cluster-1task", f"before_submit={PAUSE}", "lost"),
+    "after_sbatch_before_ledger": ("dev-cluster-1task", f"after_submit={PAUSE}", "succeeded"),
+    "allocation_pending": ("dev-cluster-held", "", "succeeded"),
+    "allocation_running": ("dev-cluster-1task", "", "succeeded"),
+}
+
+
+@pytest.mark.parametrize("point", list(POINTS))
+def test_worker_sigkilled_mid_submission(point, dev_cluster, ledger, settings, tmp_path, tag):  # type: ignore[no-untyped-def]
+    profile_name, pause, expected = POINTS[point]
+    spec = load_spec(write_spec(tmp_path, f"kill-{tag}", seeds=[1], profile=profile_name))
+    [run_key] = [r.run_key for r in enqueue_spec(ledger, settings, spec, actor="tester").runs]
+    name = job_name(run_key, 1)
+    env = worker_environment(settings, GGPO_FAULT_PAUSE=pause) if pause else worker_environment(settings)
+    worker = WorkerProcess(env, tmp_path / "worker.log", name=f"w-{tag}")
+    t0 = time.monotonic()
+    try:
+        if point == "before_sbatch":
+            wait_until(lambda: _attempt_state(ledger, run_key) == "submitting", 120, "the attempt row")
+            worker.wait_for_log("fault injection: pausing", 30)
+        elif point == "after_sbatch_before_ledger":
+            wait_until(lambda: slurm_jobs(tag).get(name), 120, "the Slurm job")
+            worker.wait_for_log("fault injection: pausing", 30)
+            assert _attempt_state(ledger, run_key) == "submitting"  # sbatch done, ledger not told
+        else:
+            wait_until(lambda: _attempt_state(ledger, run_key) == "submitted", 120, "the ledger's job id")
+            job_id = ledger.get_run(run_key).attempts[0].job_id
+            want = "PENDING" if point == "allocation_pending" else "RUNNING"
+            wait_until(lambda: squeue_state(job_id) == want, 60, f"job {job_id} {want}")
+        worker.kill()
+        killed_at = time.monotonic() - t0
+        if point == "allocation_pending":
+            run_command(["scontrol", "release", ledger.get_run(run_key).attempts[0].job_id])
+
+        runner = CountingRunner()
+        profile = load_profile(profile_name, REPO / "slurm" / "profiles")
+        ex = SlurmExecutor(profile, settings.jobs_dir, sacct=Sacct(runner=runner), runner=runner,
+                           min_submit_interval_s=0)
+        queue = RunQueue.from_url(settings.redis_url, settings.queue)
+        reports = reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=200)
+        # The same RQ job delivered again (RQ re-queues an abandoned job when it has a Retry) must
+        # not take a second allocation either.
+        again = submit_run(ledger, settings, run_key, worker="w-redelivered")
+        assert "skipped" in again, again
+        assert runner.count("sbatch") == 0
+
+        jobs = slurm_jobs(tag)
+        run = ledger.get_run(run_key)
+        assert run.state == expected, (run.state, run.cause, [(a.state, a.reason) for a in run.attempts])
+        (att,) = run.attempts
+        if point == "before_sbatch":
+            assert jobs == {}  # sbatch never ran: no allocation anywhere
+            assert att.state == "lost" and att.job_id is None and att.gpu_hours_job == 0.0
+            assert "the scheduler never got it" in (att.reason or "")
+        else:
+            assert set(jobs) == {name} and jobs[name] == {att.job_id}, jobs  # exactly one allocation
+            assert att.state == "succeeded"
+            [gh] = sacct_gpu_hours(att.job_id)
+            assert att.gpu_hours_scheduler == pytest.approx(gh) and gh > 0
+            assert att.gpu_hours_job is not None and 0 < att.gpu_hours_job <= att.gpu_hours_scheduler
+        if point == "after_sbatch_before_ledger":
+            assert reports[0].resolved_submitting == 1
+        print(f"\n[fault] worker SIGKILL {point}: killed at {killed_at:.1f} s, Slurm jobs for {name}: "
+              f"{sum(len(v) for v in jobs.values())}, run {run.state}, attempt {att.state} "
+              f"({att.reason or 'ok'}), GPU-h scheduler {att.gpu_hours_scheduler} job {att.gpu_hours_job}, "
+              f"settled {time.monotonic() - t0:.1f} s after start")
+    finally:
+        if worker.proc.poll() is None:
+            worker.kill()
+        cancel_tagged(tag)
+
+
+def _attempt_state(ledger, run_key: str) -> str | None:  # type: ignore[no-untyped-def]
+    run = ledger.get_run(run_key)
+    return run.attempts[-1].state if run.attempts else None
