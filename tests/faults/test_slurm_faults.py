@@ -89,7 +89,7 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
     keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
     # one job ends while the controller is down, one runs on past its restart
     ids = {k: _submit(ledger, slurm, k, lambda s=s: time.sleep(s), tmp_path / k.replace("/", "_"))
-           for k, s in zip(keys, (4, 14))}
+           for k, s in zip(keys, (4, 14), strict=True)}
     for job_id in ids.values():
         wait_until(lambda j=job_id: squeue_state(j) == "RUNNING", 30, f"job {job_id} running")
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -227,3 +227,30 @@ def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(led
     assert all(b > 0 for b in booked) and len(log.read_text().splitlines()) == 2
     assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
     print(f"\n[fault] node failure, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
+
+
+@pytest.mark.slow
+def test_node_failing_twice_with_one_retry_is_not_run_a_third_time(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    """Slurm requeues a job after every node failure; the spec's one retry is all it gets."""
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    log = tmp_path / "starts.log"
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(30, str(log)), tmp_path / "job", requeues=1)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    for n in (1, 2):
+        wait_until(lambda n=n: log.exists() and len(log.read_text().splitlines()) == n, 30, f"run {n} started")
+        time.sleep(2)
+        _node_down_then_back()
+        wait_until(lambda n=n: slurm.poll([job_id])[job_id].restarts >= n, 60, f"Slurm requeue {n}")
+        if n == 1:
+            run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s hold
+    reports = reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["node_fail", "node_fail", "cancelled"], \
+        [(a.state, a.reason) for a in run.attempts]
+    assert run.state == "failed" and "past the spec's retries = 1" in (run.cause or ""), run.cause
+    assert sum(r.refused_requeues for r in reports) >= 1
+    assert len(log.read_text().splitlines()) == 2  # two allocations ran, never a third
+    booked = [a.gpu_hours_scheduler or 0.0 for a in run.attempts]
+    assert booked == pytest.approx(sacct_gpu_hours(job_id)) and booked[0] > 0 and booked[1] > 0 and booked[2] == 0
+    print(f"\n[fault] node failing twice, retries=1: attempts {[a.state for a in run.attempts]}, run {run.state}, "
+          f"third run refused before it started, GPU-h each {booked}")
