@@ -87,22 +87,24 @@ def _ctld_alive() -> bool:
 @pytest.mark.slow
 def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
-    # one job ends while the controller is down, one runs on past its restart
-    ids = {k: _submit(ledger, slurm, k, lambda s=s: time.sleep(s), tmp_path / k.replace("/", "_"))
-           for k, s in zip(keys, (4, 14), strict=True)}
-    for job_id in ids.values():
-        wait_until(lambda j=job_id: squeue_state(j) == "RUNNING", 30, f"job {job_id} running")
+    # The node has 4 GPUs: the first job runs through the controller's outage, the second waits
+    # for its GPUs across the restart and runs after it.
+    logs = [tmp_path / f"starts-{i}.log" for i in range(2)]
+    ids = {k: _submit(ledger, slurm, k, jobs.CountingSleeper(s, str(log)), tmp_path / k.replace("/", "_"))
+           for k, s, log in zip(keys, (12, 4), logs, strict=True)}
+    running, waiting = keys
+    wait_until(logs[0].exists, 30, "the first job's payload started")  # past srun's step creation
+    assert squeue_state(ids[waiting]) == "PENDING"
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     pid = int(CTLD_PIDFILE.read_text())
     down_at = time.monotonic()
     subprocess.run(["kill", str(pid)], check=True)
     try:
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), 20, "slurmctld stopped")
-        # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers; nothing is
+        # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers, nothing is
         # booked as ended that has not ended, and the cycle does not fail
         rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": slurm})
-        long_key = keys[1]
-        assert rep.active >= 1 and ledger.get_run(long_key).attempts[0].state in ("submitted", "running")
+        assert rep.active == 2
         time.sleep(max(0.0, 8 - (time.monotonic() - down_at)))
     finally:
         subprocess.run(["slurmctld"], check=True)
@@ -113,12 +115,14 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
     for key, job_id in ids.items():
         run = ledger.get_run(key)
         (att,) = run.attempts
+        assert att.scheduler_state == "COMPLETED" and att.job_id == job_id, (att.scheduler_state, att.reason)
         assert att.state == "failed" and "without writing its result record" in (att.reason or "")  # a sleeper
-        assert att.scheduler_state == "COMPLETED" and att.job_id == job_id
         [gh] = _assert_booked_as_sacct(ledger, key, job_id)
         assert gh > 0 and att.gpu_hours_job == pytest.approx(gh)
         figures.append(f"{job_id}: {att.elapsed_seconds:.0f} s, {gh:.4f} GPU-h")
-    print(f"\n[fault] slurmctld down {down_s:.1f} s with 2 jobs running: both booked as sacct says ({'; '.join(figures)})")
+    assert all(len(log.read_text().splitlines()) == 1 for log in logs)
+    print(f"\n[fault] slurmctld down {down_s:.1f} s, one job running and one pending: both booked as sacct says "
+          f"({'; '.join(figures)})")
 
 
 def _preempt(job_id: str) -> None:
