@@ -92,7 +92,7 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
     logs = [tmp_path / f"starts-{i}.log" for i in range(2)]
     ids = {k: _submit(ledger, slurm, k, jobs.CountingSleeper(s, str(log)), tmp_path / k.replace("/", "_"))
            for k, s, log in zip(keys, (12, 4), logs, strict=True)}
-    running, waiting = keys
+    _running, waiting = keys
     wait_until(logs[0].exists, 30, "the first job's payload started")  # past srun's step creation
     assert squeue_state(ids[waiting]) == "PENDING"
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -191,7 +191,7 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
     time.sleep(3)
-    _node_down_then_back()
+    _node_down_then_back(job_id)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
     run = ledger.get_run(key)
@@ -202,14 +202,35 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     print(f"\n[fault] node failure, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
 
 
-def _node_down_then_back() -> None:
+def _node_state() -> str:
+    return run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip()
+
+
+SLURMD_LOG = Path("/var/tmp/ggpo-slurm/log/slurmd.log")
+
+
+def _steps_done(job_id: str) -> int:
+    """How often slurmd has finished step 0 of `job_id` (one line per run of the job)."""
+    return SLURMD_LOG.read_text(errors="replace").count(f"[{job_id}.0] done with job")
+
+
+def _node_down_then_back(job_id: str) -> None:
+    """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job's
+    step (submitit's payload ignores SIGTERM until KillWait's SIGKILL; a requeued job launched
+    while the old step lingers is refused as a duplicate job id and drains the node)."""
+    before = _steps_done(job_id)
     try:
         run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
+        wait_until(lambda: _steps_done(job_id) > before, 30, f"slurmd done with job {job_id}'s step")
     finally:
-        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True, check=False)
-        wait_until(lambda: run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip() in ("idle", "mixed",
-                                                                                             "allocated"),
-                   30, "node back")
+        def back() -> bool:
+            if _node_state() in ("idle", "mixed", "allocated"):
+                return True
+            subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True,
+                           check=False)
+            return False
+
+        wait_until(back, 30, "node back", interval=0.5)
 
 
 @pytest.mark.slow
@@ -219,7 +240,7 @@ def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(led
     job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job", requeues=1)
     wait_until(log.exists, 30, "the first run started")
     time.sleep(3)
-    _node_down_then_back()
+    _node_down_then_back(job_id)
     wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
     run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -238,12 +259,12 @@ def test_node_failing_twice_with_one_retry_is_not_run_a_third_time(ledger, setti
     """Slurm requeues a job after every node failure; the spec's one retry is all it gets."""
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
     log = tmp_path / "starts.log"
-    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(30, str(log)), tmp_path / "job", requeues=1)
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(6, str(log)), tmp_path / "job", requeues=1)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     for n in (1, 2):
         wait_until(lambda n=n: log.exists() and len(log.read_text().splitlines()) == n, 30, f"run {n} started")
         time.sleep(2)
-        _node_down_then_back()
+        _node_down_then_back(job_id)
         wait_until(lambda n=n: slurm.poll([job_id])[job_id].restarts >= n, 60, f"Slurm requeue {n}")
         if n == 1:
             run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s hold
