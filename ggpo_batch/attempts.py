@@ -35,8 +35,19 @@ _ATTEMPT_STATE = {
     "BOOT_FAIL": "node_fail",
     "LOST": "lost",
 }
+INFRASTRUCTURE_ATTEMPT_STATES = ("preempted", "node_fail", "lost")
 _RUN_STATE = {"succeeded": "succeeded", "failed": "failed", "timeout": "timeout", "cancelled": "cancelled",
               "preempted": "failed", "node_fail": "failed", "lost": "lost"}
+
+
+def retries_used(run: Run) -> int:
+    """Attempts of `run` that ended for an infrastructure cause: the retries it has had."""
+    return sum(1 for a in run.attempts if a.state in INFRASTRUCTURE_ATTEMPT_STATES)
+
+
+def over_allowance(run: Run) -> bool:
+    """Has the scheduler (e.g. requeueing after a node failure) retried `run` more than its spec allows?"""
+    return retries_used(run) > run.retries_allowed
 
 
 def attempt_folder(jobs_dir: Path, run_key: str, number: int) -> Path:
@@ -78,8 +89,12 @@ def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
             state, reason = "failed", problem
     if run.state in ("cancelled",):
         return Outcome(state, None, reason, record, retry=False)
+    if info.state == "CANCELLED" and over_allowance(run):
+        reason = (f"CANCELLED: the scheduler requeued the job past the spec's retries = {run.retries_allowed} "
+                  f"({retries_used(run)} infrastructure failures); cancelled before it could run again")
+        return Outcome(state, "failed", reason, record, retry=False)
     infra = info.state in INFRASTRUCTURE_STATES
-    used = sum(1 for a in run.attempts if a.state in ("preempted", "node_fail", "lost")) + (1 if infra else 0)
+    used = retries_used(run) + (1 if infra else 0)
     if infra and used <= run.retries_allowed:
         reason = f"{reason}; infrastructure retry {used}/{run.retries_allowed}"
         return Outcome(state, None, reason, record, retry=True)

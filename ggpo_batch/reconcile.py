@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
-from .attempts import attempt_folder, settle
+from .attempts import attempt_folder, over_allowance, settle
 from .config import Settings
-from .errors import LedgerError
+from .errors import ExecutorError, LedgerError
 from .executor import Executor, JobInfo, make_executor
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run, utcnow
@@ -36,6 +36,7 @@ class ReconcileReport:
     started: int = 0
     resolved_submitting: int = 0
     requeued: int = 0
+    refused_requeues: int = 0
     active: int = 0
     executor_calls: dict[str, int] = field(default_factory=dict)
 
@@ -74,7 +75,10 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             info, segments = infos[att.job_id]  # type: ignore[index]
             try:
                 run, att = _book_requeues(ledger, run, att, segments, actor)
-                if info.final:
+                if not info.final and over_allowance(run):
+                    _refuse_requeue(ex, run, att)
+                    rep.refused_requeues += 1
+                elif info.final:
                     # A requeued job keeps writing into the folder of the attempt that submitted it.
                     first = min(a.number for a in run.attempts if a.job_id == att.job_id)
                     out = settle(ledger, run, att, info, attempt_folder(settings.jobs_dir, run.run_key, first),
@@ -131,6 +135,18 @@ def _book_requeues(ledger: Ledger, run: Run, att: Attempt, segments: Sequence[Jo
         booked += 1
     run = ledger.get_run(run.run_key)
     return run, run.attempts[-1]
+
+
+def _refuse_requeue(ex: Executor, run: Run, att: Attempt) -> None:
+    """Slurm requeues a job whose node failed as often as it fails; past the spec's allowance the
+    requeued job is cancelled (it waits out Slurm's requeue hold first, so before it runs again)
+    and settles as cancelled with the run failed (attempts.decide)."""
+    log.warning("run %s: job %s requeued past retries = %d; cancelling it", run.run_key, att.job_id,
+                run.retries_allowed)
+    try:
+        ex.cancel(att.job_id)  # type: ignore[arg-type]
+    except ExecutorError as exc:  # ended meanwhile: the next cycle books whatever it became
+        log.info("reconcile %s: %s", run.run_key, exc.message)
 
 
 def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:

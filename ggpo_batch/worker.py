@@ -68,6 +68,11 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     folder = attempt_folder(settings.jobs_dir, run_key, att.number)
     executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
     _fault_pause(settings, "before_submit")
+    # Fence: a work horse outlives its SIGKILLed worker, and reconcile may meanwhile have settled
+    # this attempt as lost; submitting now would take an allocation the ledger never books.
+    if not _still_ours(ledger, run_key, att.number):
+        log.error("run %s attempt %d was settled while this job waited: not submitting", run_key, att.number)
+        return {"run_key": run_key, "skipped": "attempt settled by reconcile before sbatch"}
     try:
         job_id = executor.find(spec, att.number, folder) or executor.submit(spec, att.number, folder)
     except Exception as exc:
@@ -77,7 +82,12 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         log.error("run %s: %s", run_key, reason)
         return {"run_key": run_key, "failed": reason}
     _fault_pause(settings, "after_submit")
-    ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
+    try:
+        ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
+    except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
+        log.error("run %s: %s; cancelling job %s, which the ledger does not know", run_key, exc.message, job_id)
+        executor.cancel(job_id)
+        return {"run_key": run_key, "cancelled_unbooked": job_id, "reason": exc.message}
     out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
     # A debug job has ended inside submit(); inline (memory://) mode has no reconciler and runs one
     # run at a time: in both, wait for the end and book it here.
@@ -86,6 +96,12 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         run = ledger.get_run(run_key)
         out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
     return out
+
+
+def _still_ours(ledger: Ledger, run_key: str, number: int) -> bool:
+    run = ledger.get_run(run_key)
+    att = next((a for a in run.attempts if a.number == number), None)
+    return att is not None and att.state == "submitting"
 
 
 def _fault_pause(settings: Settings, point: str) -> None:

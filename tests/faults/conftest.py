@@ -97,15 +97,22 @@ class WorkerProcess:
         if needle not in self.text():
             raise AssertionError(f"worker exited ({self.proc.returncode}) before {needle!r}:\n{self.text()[-3000:]}")
 
-    def kill(self) -> None:
-        """SIGKILL the whole group and reap the worker, so nothing of it looks alive afterwards."""
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def kill(self, *, horse_too: bool = True) -> None:
+        """SIGKILL the worker's group and (unless `horse_too` is False) the work horse's: RQ's horse
+        calls setpgrp(), so it has a process group of its own. Reap the worker, so it cannot look alive."""
+        groups = {self.proc.pid}
+        if horse_too:
+            groups |= {g for p in descendants(self.proc.pid) if (g := _pgid_or_none(p)) is not None}
+        for pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(timeout=30)
-        wait_until(lambda: not _group_alive(self.proc.pid), 30, "worker process group gone")
-        self._out.close()
+        for pgid in groups:
+            wait_until(lambda g=pgid: not _group_alive(g), 30, f"process group {pgid} gone")
+        if not self._out.closed:
+            self._out.close()
 
     def stop(self) -> None:
         """A warm shutdown (SIGTERM), then SIGKILL if it lingers."""
@@ -116,6 +123,31 @@ class WorkerProcess:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
         self.kill()
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid`, from /proc (children first found, then theirs)."""
+    parent: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent[int(entry.name)] = int(stat.rpartition(")")[2].split()[1])
+    out, frontier = [], [pid]
+    while frontier:
+        kids = [p for p, pp in parent.items() if pp in frontier]
+        out += kids
+        frontier = kids
+    return out
+
+
+def _pgid_or_none(pid: int) -> int | None:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None
 
 
 def _group_alive(pgid: int) -> bool:

@@ -87,22 +87,24 @@ def _ctld_alive() -> bool:
 @pytest.mark.slow
 def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
-    # one job ends while the controller is down, one runs on past its restart
-    ids = {k: _submit(ledger, slurm, k, lambda s=s: time.sleep(s), tmp_path / k.replace("/", "_"))
-           for k, s in zip(keys, (4, 14))}
-    for job_id in ids.values():
-        wait_until(lambda j=job_id: squeue_state(j) == "RUNNING", 30, f"job {job_id} running")
+    # The node has 4 GPUs: the first job runs through the controller's outage, the second waits
+    # for its GPUs across the restart and runs after it.
+    logs = [tmp_path / f"starts-{i}.log" for i in range(2)]
+    ids = {k: _submit(ledger, slurm, k, jobs.CountingSleeper(s, str(log)), tmp_path / k.replace("/", "_"))
+           for k, s, log in zip(keys, (12, 4), logs, strict=True)}
+    _running, waiting = keys
+    wait_until(logs[0].exists, 30, "the first job's payload started")  # past srun's step creation
+    assert squeue_state(ids[waiting]) == "PENDING"
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     pid = int(CTLD_PIDFILE.read_text())
     down_at = time.monotonic()
     subprocess.run(["kill", str(pid)], check=True)
     try:
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), 20, "slurmctld stopped")
-        # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers; nothing is
+        # a reconcile cycle with the controller gone: sacct (slurmdbd) still answers, nothing is
         # booked as ended that has not ended, and the cycle does not fail
         rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": slurm})
-        long_key = keys[1]
-        assert rep.active >= 1 and ledger.get_run(long_key).attempts[0].state in ("submitted", "running")
+        assert rep.active == 2
         time.sleep(max(0.0, 8 - (time.monotonic() - down_at)))
     finally:
         subprocess.run(["slurmctld"], check=True)
@@ -113,12 +115,14 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
     for key, job_id in ids.items():
         run = ledger.get_run(key)
         (att,) = run.attempts
+        assert att.scheduler_state == "COMPLETED" and att.job_id == job_id, (att.scheduler_state, att.reason)
         assert att.state == "failed" and "without writing its result record" in (att.reason or "")  # a sleeper
-        assert att.scheduler_state == "COMPLETED" and att.job_id == job_id
         [gh] = _assert_booked_as_sacct(ledger, key, job_id)
         assert gh > 0 and att.gpu_hours_job == pytest.approx(gh)
         figures.append(f"{job_id}: {att.elapsed_seconds:.0f} s, {gh:.4f} GPU-h")
-    print(f"\n[fault] slurmctld down {down_s:.1f} s with 2 jobs running: both booked as sacct says ({'; '.join(figures)})")
+    assert all(len(log.read_text().splitlines()) == 1 for log in logs)
+    print(f"\n[fault] slurmctld down {down_s:.1f} s, one job running and one pending: both booked as sacct says "
+          f"({'; '.join(figures)})")
 
 
 def _preempt(job_id: str) -> None:
@@ -187,7 +191,7 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
     time.sleep(3)
-    _node_down_then_back()
+    _node_down_then_back(job_id)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
     run = ledger.get_run(key)
@@ -198,14 +202,35 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     print(f"\n[fault] node failure, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
 
 
-def _node_down_then_back() -> None:
+def _node_state() -> str:
+    return run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip()
+
+
+SLURMD_LOG = Path("/var/tmp/ggpo-slurm/log/slurmd.log")
+
+
+def _steps_done(job_id: str) -> int:
+    """How often slurmd has finished step 0 of `job_id` (one line per run of the job)."""
+    return SLURMD_LOG.read_text(errors="replace").count(f"[{job_id}.0] done with job")
+
+
+def _node_down_then_back(job_id: str) -> None:
+    """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job's
+    step (submitit's payload ignores SIGTERM until KillWait's SIGKILL; a requeued job launched
+    while the old step lingers is refused as a duplicate job id and drains the node)."""
+    before = _steps_done(job_id)
     try:
         run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
+        wait_until(lambda: _steps_done(job_id) > before, 30, f"slurmd done with job {job_id}'s step")
     finally:
-        subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True, check=False)
-        wait_until(lambda: run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip() in ("idle", "mixed",
-                                                                                             "allocated"),
-                   30, "node back")
+        def back() -> bool:
+            if _node_state() in ("idle", "mixed", "allocated"):
+                return True
+            subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True,
+                           check=False)
+            return False
+
+        wait_until(back, 30, "node back", interval=0.5)
 
 
 @pytest.mark.slow
@@ -215,7 +240,7 @@ def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(led
     job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job", requeues=1)
     wait_until(log.exists, 30, "the first run started")
     time.sleep(3)
-    _node_down_then_back()
+    _node_down_then_back(job_id)
     wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
     run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -227,3 +252,30 @@ def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(led
     assert all(b > 0 for b in booked) and len(log.read_text().splitlines()) == 2
     assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
     print(f"\n[fault] node failure, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
+
+
+@pytest.mark.slow
+def test_node_failing_twice_with_one_retry_is_not_run_a_third_time(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+    """Slurm requeues a job after every node failure; the spec's one retry is all it gets."""
+    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    log = tmp_path / "starts.log"
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(6, str(log)), tmp_path / "job", requeues=1)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue)
+    for n in (1, 2):
+        wait_until(lambda n=n: log.exists() and len(log.read_text().splitlines()) == n, 30, f"run {n} started")
+        time.sleep(2)
+        _node_down_then_back(job_id)
+        wait_until(lambda n=n: slurm.poll([job_id])[job_id].restarts >= n, 60, f"Slurm requeue {n}")
+        if n == 1:
+            run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s hold
+    reports = reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
+    run = ledger.get_run(key)
+    assert [a.state for a in run.attempts] == ["node_fail", "node_fail", "cancelled"], \
+        [(a.state, a.reason) for a in run.attempts]
+    assert run.state == "failed" and "past the spec's retries = 1" in (run.cause or ""), run.cause
+    assert sum(r.refused_requeues for r in reports) >= 1
+    assert len(log.read_text().splitlines()) == 2  # two allocations ran, never a third
+    booked = [a.gpu_hours_scheduler or 0.0 for a in run.attempts]
+    assert booked == pytest.approx(sacct_gpu_hours(job_id)) and booked[0] > 0 and booked[1] > 0 and booked[2] == 0
+    print(f"\n[fault] node failing twice, retries=1: attempts {[a.state for a in run.attempts]}, run {run.state}, "
+          f"third run refused before it started, GPU-h each {booked}")

@@ -6,6 +6,7 @@ ends in a state that says what happened, with sacct's GPU-hours booked."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from .conftest import (
     CountingRunner,
     WorkerProcess,
     cancel_tagged,
+    descendants,
     redis_db,
     sacct_gpu_hours,
     slurm_jobs,
@@ -81,6 +83,8 @@ def test_worker_sigkilled_mid_submission(point, dev_cluster, ledger, settings, t
             job_id = ledger.get_run(run_key).attempts[0].job_id
             want = "PENDING" if point == "allocation_pending" else "RUNNING"
             wait_until(lambda: squeue_state(job_id) == want, 60, f"job {job_id} {want}")
+        if point in ("before_sbatch", "after_sbatch_before_ledger"):
+            assert descendants(worker.proc.pid), "no work horse to kill"  # the job is in the horse
         worker.kill()
         killed_at = time.monotonic() - t0
         if point == "allocation_pending":
@@ -127,3 +131,34 @@ def test_worker_sigkilled_mid_submission(point, dev_cluster, ledger, settings, t
 def _attempt_state(ledger, run_key: str) -> str | None:  # type: ignore[no-untyped-def]
     run = ledger.get_run(run_key)
     return run.attempts[-1].state if run.attempts else None
+
+
+def test_worker_killed_but_its_horse_alive_does_not_submit_after_reconcile_settled_it(
+        dev_cluster, ledger, settings, tmp_path, tag):  # type: ignore[no-untyped-def]
+    """RQ's work horse outlives a SIGKILLed worker (FACTS.md). Reconcile, seeing the worker dead,
+    settles the attempt lost; the horse, waking up before sbatch, must not take an allocation
+    the ledger would never book."""
+    spec = load_spec(write_spec(tmp_path, f"horse-{tag}", seeds=[1]))
+    [run_key] = [r.run_key for r in enqueue_spec(ledger, settings, spec, actor="tester").runs]
+    worker = WorkerProcess(worker_environment(settings, GGPO_FAULT_PAUSE="before_submit=6"), tmp_path / "w.log",
+                           name=f"w-{tag}")
+    try:
+        wait_until(lambda: _attempt_state(ledger, run_key) == "submitting", 120, "the attempt row")
+        [horse] = [p for p in descendants(worker.proc.pid) if os.getpgid(p) == p]  # RQ's horse calls setpgrp()
+        worker.kill(horse_too=False)
+        assert Path(f"/proc/{horse}").exists()
+        queue = RunQueue.from_url(settings.redis_url, settings.queue)
+        ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), settings.jobs_dir)
+        reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=30)
+        assert ledger.get_run(run_key).state == "lost"
+        wait_until(lambda: not Path(f"/proc/{horse}").exists(), 60, "the horse finished")
+        time.sleep(2)  # sacct/squeue would show a job by now
+        assert slurm_jobs(tag) == {}, "the horse took an allocation after its attempt was settled"
+        (att,) = ledger.get_run(run_key).attempts
+        assert att.state == "lost" and att.job_id is None
+        print(f"\n[fault] worker SIGKILLed, horse alive past reconcile: run {ledger.get_run(run_key).state}, "
+              f"0 Slurm jobs ({att.reason})")
+    finally:
+        if worker.proc.poll() is None:
+            worker.kill()
+        cancel_tagged(tag)

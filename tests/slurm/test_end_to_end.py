@@ -43,9 +43,10 @@ exposure = "none"
 """
 
 
-def enqueue(ledger, settings, tmp_path: Path, tag: str) -> list[str]:  # type: ignore[no-untyped-def]
+def enqueue(ledger, settings, tmp_path: Path, tag: str, retries: int = 0) -> list[str]:  # type: ignore[no-untyped-def]
     p = tmp_path / "slurm-e2e.toml"
-    p.write_text(SPEC.format(name=f"e2e-{tag}"))
+    p.write_text(SPEC.format(name=f"e2e-{tag}").replace('profile = "dev-cluster"',
+                                                         f'profile = "dev-cluster"\nretries = {retries}'))
     res = enqueue_spec(ledger, settings, load_spec(p), actor="tester")
     return sorted(r.run_key for r in res.runs)
 
@@ -144,7 +145,7 @@ def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hou
 
     from . import jobs
 
-    [key, *_] = enqueue(ledger, settings, tmp_path, tag)
+    [key, *_] = enqueue(ledger, settings, tmp_path, tag, retries=1)  # the spec allows the requeue it exercises
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     ex = SlurmExecutor(profile, settings.jobs_dir, min_submit_interval_s=0)
     att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
