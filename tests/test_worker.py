@@ -46,10 +46,13 @@ def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, 
                                                                          tmp_path: Path, db_url: str) -> None:
     if not db_url.startswith("sqlite"):
         pytest.skip("the worker path is backend-neutral; the ledger tests cover PostgreSQL")
-    from ggpo_batch.worker import run_worker
-
     enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1), actor="tester")
-    run_worker(settings, ["testq"], burst=True, reconcile_interval=5, settle_timeout=120)
+    # A real `ggpo-batch worker --burst` process: RQ's forking worker installs signal handlers and
+    # kills process groups, which must never run inside the test process itself.
+    done = subprocess.run([sys.executable, "-m", "ggpo_batch.cli", "worker", "--queue", "testq", "--burst",
+                           "--reconcile-interval", "5"], env=dict(os.environ), capture_output=True, timeout=240,
+                          start_new_session=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
     run = ledger.get_run("wk-v1-1-clean")
     assert run.state == "succeeded", run.cause
     [att] = run.attempts
