@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import pytest
 
 from ggpo_batch.executor.sacct import run_command
 from tests.slurm.conftest import CountingRunner, dev_cluster, tag  # noqa: F401  (fixtures re-used)
@@ -50,20 +49,9 @@ def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev
 
 def redis_db(number: int) -> Iterator[str]:
     """Body of a `redis_url` fixture on Redis db `number`, flushed before and after."""
-    import redis
+    from ..conftest import flushed_redis
 
-    url = f"redis://127.0.0.1:6379/{number}"
-    conn = redis.Redis.from_url(url)
-    try:
-        conn.ping()
-    except redis.exceptions.ConnectionError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis not reachable at {url}: {exc}")
-        pytest.skip(f"Redis not reachable at {url}: {exc}")
-    conn.flushdb()
-    yield url
-    conn.flushdb()
-    conn.close()
+    yield from flushed_redis(number)
 
 
 def worker_environment(settings, **extra: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
