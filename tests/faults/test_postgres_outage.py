@@ -12,7 +12,7 @@ from ggpo_batch.ledger import connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.ledger.ledger import NewRun
 
-from .pgcluster import PrivateCluster
+from .pgcluster import PrivateCluster, free_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(180)]
 OUTAGE_SECONDS = 30
@@ -22,7 +22,7 @@ RUNS = 12
 @pytest.fixture
 def cluster():  # type: ignore[no-untyped-def]
     try:
-        c = PrivateCluster(port=55432)
+        c = PrivateCluster(port=free_port())
         c.start()
     except (FileNotFoundError, OSError) as exc:
         pytest.skip(f"cannot start a private PostgreSQL: {exc}")

@@ -18,8 +18,9 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 
+from .pgcluster import free_port
+
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(420)]
-PORT = 56381
 RUNS = 4
 SPEC = f"""
 schema = 1
@@ -37,14 +38,14 @@ exposure = "none"
 """
 
 
-def _redis() -> subprocess.Popen:
-    proc = subprocess.Popen(["redis-server", "--port", str(PORT), "--bind", "127.0.0.1", "--save", "",
+def _redis(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                              "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     import redis
 
     for _ in range(100):
         try:
-            redis.Redis(port=PORT).ping()
+            redis.Redis(port=port).ping()
             return proc
         except redis.exceptions.ConnectionError:
             time.sleep(0.05)
@@ -70,14 +71,15 @@ def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-d
 def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if not db_url.startswith("sqlite"):
         pytest.skip("one backend is enough for a Redis fault")
-    redis_url = f"redis://127.0.0.1:{PORT}/0"
+    port = free_port()
+    redis_url = f"redis://127.0.0.1:{port}/0"
     env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
     env.update(GGPO_DB_URL=db_url, GGPO_REDIS_URL=redis_url, GGPO_DATA_DIR=str(tmp_path / "data"), GGPO_USER="t",
                GGPO_QUEUE="rr", GGPO_QUEUE_GPU_QUOTA="1", GGPO_DEFER_SECONDS="1")
     settings = load_settings(env)
     spec_path = tmp_path / "s.toml"
     spec_path.write_text(SPEC)
-    server = _redis()
+    server = _redis(port)
     worker = None
     try:
         enqueue_spec(ledger, settings, load_spec(spec_path), actor="t")
@@ -88,7 +90,7 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
         server.wait()
         os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
-        server = _redis()
+        server = _redis(port)
         q = RunQueue.from_url(redis_url, "rr")
         assert q.present() == set()
         in_flight = {r.run_key for r in ledger.runs() if r.state in ("submitted", "running")}

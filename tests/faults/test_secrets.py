@@ -18,9 +18,10 @@ from ggpo_batch.config import load_settings, redact
 from ggpo_batch.errors import ConfigError
 from ggpo_batch.executor.base import job_name
 
+from .pgcluster import free_port
+
 REDIS_PW = "pw-Zx81-not-for-print"
 DB_PW = "db-Qq27-not-for-print"
-PORT = 56380
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +30,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     if not (shutil.which("openssl") and shutil.which("redis-server")):
         pytest.skip("needs openssl and redis-server")
     d = tmp_path_factory.mktemp("tls")
+    port = free_port()
 
     def run(*args: str) -> None:
         subprocess.run(args, cwd=d, check=True, capture_output=True)
@@ -39,11 +41,11 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
     (d / "ext").write_text("subjectAltName=IP:127.0.0.1\n")
     run("openssl", "x509", "-req", "-in", "r.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out",
         "r.crt", "-days", "1", "-extfile", "ext")
-    proc = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(PORT), "--bind", "127.0.0.1",
+    proc = subprocess.Popen(["redis-server", "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
                              "--tls-cert-file", "r.crt", "--tls-key-file", "r.key", "--tls-ca-cert-file", "ca.crt",
                              "--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--requirepass", REDIS_PW],
                             cwd=d, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"rediss://:{REDIS_PW}@127.0.0.1:{PORT}/0?ssl_ca_certs={d / 'ca.crt'}&ssl_cert_reqs=required"
+    url = f"rediss://:{REDIS_PW}@127.0.0.1:{port}/0?ssl_ca_certs={d / 'ca.crt'}&ssl_cert_reqs=required"
     import redis
 
     for _ in range(50):
