@@ -35,6 +35,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _mtime(p: Path) -> datetime | None:
     try:
         return datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc)
@@ -66,8 +74,10 @@ class LocalExecutor(Executor):
         folder.mkdir(parents=True, exist_ok=True)
         ex = submitit.LocalExecutor(folder=folder)
         # The controller's shell exports the start time, so the job's clock starts with the "allocation".
+        # A free rendezvous port chosen now: submitit's default draws one from the job id, which
+        # collided (EADDRINUSE) with a port still held on this machine.
         ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
-                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)"])
+                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)", f"export MASTER_PORT={_free_port()}"])
         job = ex.submit(make_payload(spec, folder / RECORD_NAME))
         job_id = str(job.job_id)
         self._jobs[job_id] = job
