@@ -36,6 +36,15 @@ class App:
 
 
 class _Group(click.Group):
+    def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
+                     **extra: Any) -> click.Context:
+        # Keep the arguments as given: sys.argv is not them when the CLI is called from Python
+        # (tests, a scheduler), and provenance records the exact command.
+        given = list(args)
+        ctx = super().make_context(info_name, args, parent=parent, **extra)
+        ctx.meta.setdefault("ggpo.argv", given)
+        return ctx
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -67,6 +76,15 @@ def _unavailable(exc: Exception) -> str | None:
     if isinstance(exc, (RedisConnectionError, RedisTimeout)):
         return f"Redis is unavailable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
     return None
+
+
+def invoked_command() -> str:
+    """The exact `ggpo-batch ...` command line of this invocation, shell-quoted."""
+    import shlex
+
+    ctx = click.get_current_context(silent=True)
+    argv = ctx.find_root().meta.get("ggpo.argv") if ctx is not None else None
+    return shlex.join(["ggpo-batch", *(argv if argv is not None else sys.argv[1:])])
 
 
 pass_app = click.make_pass_decorator(App, ensure=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -12,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import App, cli, echo_json, pass_app
+from . import App, cli, echo_json, invoked_command, pass_app
 
 
 def _ints(value: str | None, param: str) -> tuple[int, ...] | None:
@@ -51,7 +50,7 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
     method_list = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else suite.methods
     the_night = night.date() if night else datetime.now(timezone.utc).date()
     ledger = app.ledger()
-    command = shlex.join(["ggpo-batch", *sys.argv[1:]])
+    command = invoked_command()
     results = []
     for method in method_list:
         out = output if output is not None and len(method_list) == 1 else None

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -26,12 +27,13 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def test_nightly_then_status_components(cli_env: CliRunner, tiny_suite_path: Path, tmp_path: Path):
     out = tmp_path / "rec.json"
-    res = cli_env.invoke(cli, ["nightly", "--suite", str(tiny_suite_path), "--seeds", "5,6", "--output", str(out),
-                               "--night", "2026-12-01"])
+    args = ["nightly", "--suite", str(tiny_suite_path), "--seeds", "5,6", "--output", str(out), "--night", "2026-12-01"]
+    res = cli_env.invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert f"ggpo 2026-12-01: {out} sha256 " in res.output
     rec = json.loads(out.read_text())
-    assert rec["seeds"] == [5, 6] and rec["provenance"]["command"].startswith("ggpo-batch ")
+    # The command is the one given to the CLI, not the test runner's sys.argv.
+    assert rec["seeds"] == [5, 6] and rec["provenance"]["command"] == shlex.join(["ggpo-batch", *args])
     res = cli_env.invoke(cli, ["nightly", "--suite", str(tiny_suite_path), "--night", "2026-12-01"])
     assert res.exit_code == 0 and "already claimed by tester (succeeded); nothing run" in res.output
     res = cli_env.invoke(cli, ["status", "--components", "--json", "--nights", "3"])
