@@ -38,8 +38,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.postgres, pytest
 FAULTS_REDIS_DB = 11
 RUNS = 200
 WORKERS = 4
-QUOTA_GPUS = 24  # 6 allocations of 4 GPUs in flight at most
-HOLD_S = 1.5     # how long a held allocation waits before the test cancels it
+QUOTA_GPUS = 40  # 10 allocations of 4 GPUs in flight at most
+HOLD_S = 0.5     # how long a held allocation waits before the test cancels it
 
 
 @pytest.fixture
@@ -102,7 +102,7 @@ def test_four_workers_200_runs_each_submitted_once_quota_never_exceeded(dev_clus
                     run_command(["scancel", *due])
                 reconcile(ledger, settings, [queue], actor="test-reconcile", executors={"slurm": ex},
                           stale_after=timedelta(seconds=60))
-                stop.wait(0.5)
+                stop.wait(0.25)
         except BaseException as exc:  # noqa: BLE001  (surfaced below)
             errors.append(exc)
 
