@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from ..errors import ExecutorError
+from ..netutil import free_port
 from ..runspec import RunSpec
 from .base import Executor, JobInfo
 from .payload import make_payload
@@ -33,14 +34,6 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except OSError:
         return False
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _mtime(p: Path) -> datetime | None:
@@ -77,7 +70,7 @@ class LocalExecutor(Executor):
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
         # collided (EADDRINUSE) with a port still held on this machine.
         ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
-                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)", f"export MASTER_PORT={_free_port()}"])
+                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)", f"export MASTER_PORT={free_port()}"])
         job = ex.submit(make_payload(spec, folder / RECORD_NAME))
         job_id = str(job.job_id)
         self._jobs[job_id] = job

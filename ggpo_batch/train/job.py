@@ -25,6 +25,7 @@ from typing import Any
 import submitit
 
 from ..errors import GgpoError
+from ..netutil import free_port
 from ..record import require_valid, run_key
 from ..runspec import RunSpec
 from .config import TrainConfig
@@ -45,13 +46,8 @@ def _distributed_env() -> tuple[int, int, int, bool]:
         return env.rank, env.world_size, env.local_rank, True
     except RuntimeError:  # not inside a submitit job (or submitit's debug executor): torchrun-style env
         if "RANK" not in os.environ:  # a lone process: rank 0 of 1, on a free local port
-            import socket
-
-            with socket.socket() as sock:
-                sock.bind(("127.0.0.1", 0))
-                port = sock.getsockname()[1]
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(port))
+                              MASTER_PORT=str(free_port()))
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
         return (int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),

@@ -7,23 +7,17 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from ..errors import GgpoError
+from ..netutil import free_port
 from ..runspec import RunSpec
 from .job import Preempted, TrainingJob, run_with_budget
 
 log = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: float | None = None,
@@ -38,7 +32,7 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     output.parent.mkdir(parents=True, exist_ok=True)
     spec_file = output.with_name(output.name + ".spec.json")
     spec_file.write_text(spec.to_json())
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-
 from ggpo_batch.executor.sacct import run_command
 from tests.slurm.conftest import CountingRunner, dev_cluster, tag  # noqa: F401  (fixtures re-used)
 

@@ -50,10 +50,3 @@ class PrivateCluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def free_port() -> int:
-    """A TCP port nothing listens on now (a fixed one can be held by a server a killed run left behind)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

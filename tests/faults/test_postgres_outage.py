@@ -11,8 +11,9 @@ import pytest
 from ggpo_batch.ledger import connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.ledger.ledger import NewRun
+from ggpo_batch.netutil import free_port
 
-from .pgcluster import PrivateCluster, free_port
+from .pgcluster import PrivateCluster
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(180)]
 OUTAGE_SECONDS = 30

@@ -14,11 +14,10 @@ import pytest
 
 from ggpo_batch.config import load_settings
 from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.netutil import free_port
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
-
-from .pgcluster import free_port
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(420)]
 RUNS = 3  # one in flight when Redis dies (quota 1 GPU), two queued

@@ -17,8 +17,7 @@ from ggpo_batch.cli import cli
 from ggpo_batch.config import load_settings, redact
 from ggpo_batch.errors import ConfigError
 from ggpo_batch.executor.base import job_name
-
-from .pgcluster import free_port
+from ggpo_batch.netutil import free_port
 
 REDIS_PW = "pw-Zx81-not-for-print"
 DB_PW = "db-Qq27-not-for-print"
