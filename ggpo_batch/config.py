@@ -7,6 +7,7 @@ Secrets (database and Redis URLs with passwords) come from the environment or fr
 from __future__ import annotations
 
 import getpass
+import logging
 import os
 import re
 import stat
@@ -118,7 +119,17 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
-FAULT_POINTS = ("before_submit", "after_submit")
+FAULT_POINTS = ("before_submit", "after_submit", "after_cost_check")
+
+
+def fault_pause(settings: "Settings", point: str) -> None:
+    """Sleep at a named point when GGPO_FAULT_PAUSE asks for it (fault tests only)."""
+    import time
+
+    for name, seconds in settings.fault_pause:
+        if name == point:
+            logging.getLogger(__name__).warning("fault injection: pausing %.1f s at %s", seconds, point)
+            time.sleep(seconds)
 
 
 def _fault_pause(raw: str) -> tuple[tuple[str, float], ...]:

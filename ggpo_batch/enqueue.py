@@ -8,11 +8,12 @@ cost is accepted with a reason; the refusal itself is a ledger decision.
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Sequence
 
 from . import costguard
-from .config import Settings
+from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger
 from .ledger.ledger import NewRun
@@ -47,42 +48,47 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
                  actor: str) -> EnqueueResult:
     """Put the spec's runs (or a subset) on the queue; see the module docstring."""
     queue_name = queue or spec.queue or settings.queue
-    latest = ledger.latest_experiment(spec.name)
-    if latest is not None and latest.spec_hash != spec.spec_hash and latest.source == "spec":
-        if not new_version:
-            diff = spec_diff(latest.spec, spec.canonical())
-            raise SpecError(spec.path, "", f"experiment {spec.name!r} v{latest.version} exists with a different "
-                            f"spec ({'; '.join(diff[:8])}); pass --new-version to start v{latest.version + 1}")
-    elif latest is not None and latest.source != "spec":
-        raise SpecError(spec.path, "experiment.name", f"{spec.name!r} is an imported experiment; choose another name")
-    same = latest is not None and latest.spec_hash == spec.spec_hash
-    version = latest.version if same else (latest.version + 1 if latest else 1)
-    runs = spec.expand(version, arms=arms, seeds=seeds)
-    existing = ledger.run_states(latest.id) if same and latest else {}
-    todo = [r for r in runs if r.run_key not in existing]
-    decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
-    est = costguard.estimate(ledger, spec, todo + decided)
-    cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
-    res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
-    if dry_run or not (todo or decided):
-        return res
-    if not cap.ok and not accept_cost_reason:
-        # The refusal is itself a fact: the experiment and its runs are recorded as not_reproduced.
-        costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor, runs=todo, queue=queue_name)
-        raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
-                              f"`enqueue --accept-cost --reason TEXT` overrides")
-    per_run = {e.run_key: e.gpu_hours for e in est.runs}
-    if todo:
-        if same and latest is not None:
-            ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor)
-        else:
-            ledger.create_experiment(name=spec.name, version=version, method=spec.method, source="spec",
-                                     spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, actor=actor,
-                                     runs=[_new_run(r, per_run) for r in todo], source_path=spec.path,
-                                     queue=queue_name, max_gpu_hours=spec.max_gpu_hours)
-    if not cap.ok:
-        # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
-        costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
+    # Check and write under one lock: two enqueues that each fit a cap must not both pass it.
+    with ledger.exclusive("enqueue") if not dry_run else nullcontext():
+        latest = ledger.latest_experiment(spec.name)
+        if latest is not None and latest.spec_hash != spec.spec_hash and latest.source == "spec":
+            if not new_version:
+                diff = spec_diff(latest.spec, spec.canonical())
+                raise SpecError(spec.path, "", f"experiment {spec.name!r} v{latest.version} exists with a different "
+                                f"spec ({'; '.join(diff[:8])}); pass --new-version to start v{latest.version + 1}")
+        elif latest is not None and latest.source != "spec":
+            raise SpecError(spec.path, "experiment.name",
+                            f"{spec.name!r} is an imported experiment; choose another name")
+        same = latest is not None and latest.spec_hash == spec.spec_hash
+        version = latest.version if same else (latest.version + 1 if latest else 1)
+        runs = spec.expand(version, arms=arms, seeds=seeds)
+        existing = ledger.run_states(latest.id) if same and latest else {}
+        todo = [r for r in runs if r.run_key not in existing]
+        decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
+        est = costguard.estimate(ledger, spec, todo + decided)
+        cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
+        if not dry_run:
+            fault_pause(settings, "after_cost_check")
+        res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
+        if dry_run or not (todo or decided):
+            return res
+        if not cap.ok and not accept_cost_reason:
+            # The refusal is itself a fact: the experiment and its runs are recorded as not_reproduced.
+            costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor, runs=todo, queue=queue_name)
+            raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
+                                  f"`enqueue --accept-cost --reason TEXT` overrides")
+        per_run = {e.run_key: e.gpu_hours for e in est.runs}
+        if todo:
+            if same and latest is not None:
+                ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor)
+            else:
+                ledger.create_experiment(name=spec.name, version=version, method=spec.method, source="spec",
+                                         spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, actor=actor,
+                                         runs=[_new_run(r, per_run) for r in todo], source_path=spec.path,
+                                         queue=queue_name, max_gpu_hours=spec.max_gpu_hours)
+        if not cap.ok:
+            # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
+            costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
     keys = [r.run_key for r in todo + decided]
     res.enqueued = RunQueue.from_url(settings.redis_url, queue_name).enqueue(keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)

@@ -16,7 +16,7 @@ from rq import Queue, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
 from .attempts import attempt_folder, settle
-from .config import Settings, load_settings
+from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
 from .executor import make_executor
 from .ledger import Ledger, connect
@@ -67,7 +67,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         return {"run_key": run_key, "skipped": exc.message}
     folder = attempt_folder(settings.jobs_dir, run_key, att.number)
     executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
-    _fault_pause(settings, "before_submit")
+    fault_pause(settings, "before_submit")
     # Fence: a work horse outlives its SIGKILLed worker, and reconcile may meanwhile have settled
     # this attempt as lost; submitting now would take an allocation the ledger never books.
     if not _still_ours(ledger, run_key, att.number):
@@ -81,7 +81,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
                                   state="failed")
         log.error("run %s: %s", run_key, reason)
         return {"run_key": run_key, "failed": reason}
-    _fault_pause(settings, "after_submit")
+    fault_pause(settings, "after_submit")
     try:
         ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
@@ -102,13 +102,6 @@ def _still_ours(ledger: Ledger, run_key: str, number: int) -> bool:
     run = ledger.get_run(run_key)
     att = next((a for a in run.attempts if a.number == number), None)
     return att is not None and att.state == "submitting"
-
-
-def _fault_pause(settings: Settings, point: str) -> None:
-    for name, seconds in settings.fault_pause:
-        if name == point:
-            log.warning("fault injection: pausing %.1f s at %s", seconds, point)
-            time.sleep(seconds)
 
 
 def _wait_final(executor: Any, job_id: str, poll_seconds: float = 1.0) -> Any:

@@ -225,3 +225,60 @@ def test_describe_lists_runs_total_and_cap(ledger, tmp_path: Path) -> None:  # t
     assert len(lines) == 3 + 4
     assert "estimated total: 11.42 GPU-h for 3 runs" in lines
     assert lines[-1].startswith("  OVER A CAP: ")
+
+
+RACE_SPEC = """
+schema = 1
+[experiment]
+name = "{name}"
+method = "ggpo"
+seeds = [1, 2]
+gpus = 4
+loop_budget_seconds = 3600
+executor = "local"
+[arms.clean]
+exposure = "none"
+"""
+
+
+@pytest.mark.redis
+def test_two_concurrent_enqueues_cannot_both_fit_under_one_user_cap(ledger, db_url: str, redis_url: str,
+                                                                     tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The cap check and the ledger write are one critical section: the first enqueue is held
+    just after its check (fault pause) while a second one runs; the second must see the first."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    specs = []
+    for name in ("race-a", "race-b"):
+        p = tmp_path / f"{name}.toml"
+        p.write_text(RACE_SPEC.format(name=name))
+        specs.append(p)
+    one = costguard.estimate(ledger, load_spec(specs[0]), load_spec(specs[0]).expand(1)).total_gpu_hours
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
+    env.update(GGPO_DB_URL=db_url, GGPO_REDIS_URL=redis_url, GGPO_DATA_DIR=str(tmp_path / "data"), GGPO_USER="alice",
+               GGPO_USER_GPU_HOURS_CAP=str(1.5 * one))  # room for one experiment, not two
+
+    def enqueue(spec: Path, log: Path, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "enqueue", str(spec)],
+                                env={**env, **extra}, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    first = enqueue(specs[0], tmp_path / "a.log", GGPO_FAULT_PAUSE="after_cost_check=3")
+    deadline = time.monotonic() + 60
+    while "fault injection: pausing" not in (tmp_path / "a.log").read_text():
+        assert first.poll() is None and time.monotonic() < deadline, (tmp_path / "a.log").read_text()
+        time.sleep(0.05)
+    second = enqueue(specs[1], tmp_path / "b.log")
+    codes = (first.wait(timeout=60), second.wait(timeout=60))
+    out_b = (tmp_path / "b.log").read_text()
+    assert codes == (0, 3), ((tmp_path / "a.log").read_text(), out_b)
+    assert "user alice cap" in out_b and "nothing queued" in out_b
+    a, b = ledger.latest_experiment("race-a"), ledger.latest_experiment("race-b")
+    assert set(ledger.run_states(a.id).values()) == {"queued"}
+    assert set(ledger.run_states(b.id).values()) == {"not_reproduced"}
+    [d] = ledger.decisions("race-b")
+    assert d.kind == "not_reproduced_high_cost" and d.automatic_retry is False
+    spent, in_flight = ledger.committed_gpu_hours(user="alice")
+    assert spent == 0.0 and in_flight == pytest.approx(one) and in_flight <= 1.5 * one

@@ -6,8 +6,10 @@ and appends an `events` row (who, when, from, to, why) in that same transaction.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -33,6 +35,7 @@ from .schema import (
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+_PROCESS_LOCKS: dict[str, threading.Lock] = {}
 
 # Allowed run transitions. Leaving a final state (back to queued) always needs a reason:
 # a manual retry, an accepted cost, or an infrastructure retry the spec allows.
@@ -117,6 +120,37 @@ class Ledger:
         """One transaction: committed on success, rolled back on any error."""
         with self._sessions() as s, s.begin():
             yield s
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold a lock named `name` across processes for a check-then-write that spans several
+        transactions (the cost caps: two enqueues must not both fit under the same cap).
+
+        PostgreSQL: a session advisory lock on a connection of its own. SQLite: an flock on a file
+        beside the database (SQLite is one machine), or a process lock for an in-memory database.
+        """
+        if self.engine.dialect.name == "postgresql":
+            key = func.hashtext(f"ggpo:{name}")
+            with self.engine.connect() as conn:
+                conn.execute(select(func.pg_advisory_lock(key)))
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(select(func.pg_advisory_unlock(key)))
+                    conn.commit()
+            return
+        path = self.engine.url.database
+        if not path or path == ":memory:":
+            with _PROCESS_LOCKS.setdefault(name, threading.Lock()):
+                yield
+            return
+        with open(f"{path}.{name}.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
 
     # -- internal helpers -------------------------------------------------------------------
 
@@ -651,7 +685,8 @@ class Ledger:
 
 def _wrap_public(cls: type) -> None:
     for name, value in list(vars(cls).items()):
-        if callable(value) and not name.startswith("_") and name != "session" and not isinstance(value, staticmethod):
+        if (callable(value) and not name.startswith("_") and name not in ("session", "exclusive")
+                and not isinstance(value, staticmethod)):
             setattr(cls, name, _retrying(value))
 
 
