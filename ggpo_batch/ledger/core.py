@@ -1,0 +1,171 @@
+"""The ledger's base: sessions, the cross-process lock, the retry wrapper, the allowed run moves
+and the event helper every transition uses. The transitions themselves live in the modules of
+`Ledger`'s parts (ledger.py, attempts.py, costs.py, components.py)."""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, TypeVar
+
+from sqlalchemy import Engine, func, select
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from ..errors import LedgerError
+from .schema import (
+    Attempt,
+    Event,
+    Run,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_PROCESS_LOCKS: dict[str, threading.Lock] = {}
+
+# Allowed run transitions. Leaving a final state (back to queued) always needs a reason:
+# a manual retry, an accepted cost, or an infrastructure retry the spec allows.
+_RUN_MOVES: dict[str | None, frozenset[str]] = {
+    None: frozenset({"queued", "not_reproduced", "succeeded", "failed", "timeout", "cancelled", "lost"}),
+    "queued": frozenset({"submitted", "cancelled", "not_reproduced", "lost"}),
+    "submitted": frozenset({"running", "succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
+    "running": frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
+    "failed": frozenset({"queued"}),
+    "timeout": frozenset({"queued"}),
+    "lost": frozenset({"queued"}),
+    "cancelled": frozenset({"queued"}),
+    "not_reproduced": frozenset({"queued"}),
+    "succeeded": frozenset(),
+}
+ATTEMPT_FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "preempted", "node_fail"})
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """A run to add to an experiment."""
+
+    run_key: str
+    arm: str
+    seed: int
+    config_hash: str
+    run_spec: Mapping[str, Any]
+    retries_allowed: int = 0
+    estimated_gpu_hours: float | None = None
+
+
+def _retrying(method: Callable[..., T]) -> Callable[..., T]:
+    """Re-run a whole ledger call while the database is unreachable (PostgreSQL restarting, SQLite
+    locked), with exponential backoff up to the ledger's `retry_seconds`; each call is one
+    transaction, so a retry repeats it from the start and never half-applies it."""
+
+    @functools.wraps(method)
+    def wrapper(self: "LedgerCore", *args: Any, **kwargs: Any) -> T:
+        deadline = time.monotonic() + self.retry_seconds
+        delay = 0.25
+        while True:
+            try:
+                return method(self, *args, **kwargs)
+            except (OperationalError, InterfaceError) as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                first = str(exc.orig).splitlines()[0] if getattr(exc, "orig", None) else type(exc).__name__
+                log.warning("ledger unavailable (%s); retrying %s in %.1f s", first, method.__name__, min(delay, left))
+                time.sleep(min(delay, left))
+                delay = min(delay * 2, 5.0)
+
+    return wrapper
+
+
+class LedgerCore:
+    """What every part of the ledger shares. Each subclass's public methods are wrapped by
+    `_retrying` when the class is defined (`__init_subclass__`)."""
+
+    def __init__(self, engine: Engine, *, retry_seconds: float = 120.0) -> None:
+        self.engine = engine
+        self.retry_seconds = retry_seconds
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _wrap_public(cls)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One transaction: committed on success, rolled back on any error."""
+        with self._sessions() as s, s.begin():
+            yield s
+
+    @contextmanager
+    def exclusive(self, name: str) -> Iterator[None]:
+        """Hold a lock named `name` across processes for a check-then-write that spans several
+        transactions (the cost caps: two enqueues must not both fit under the same cap).
+
+        PostgreSQL: a session advisory lock on a connection of its own. SQLite: an flock on a file
+        beside the database (SQLite is one machine), or a process lock for an in-memory database.
+        """
+        if self.engine.dialect.name == "postgresql":
+            key = func.hashtext(f"ggpo:{name}")
+            with self.engine.connect() as conn:
+                conn.execute(select(func.pg_advisory_lock(key)))
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(select(func.pg_advisory_unlock(key)))
+                    conn.commit()
+            return
+        path = self.engine.url.database
+        if not path or path == ":memory:":
+            with _PROCESS_LOCKS.setdefault(name, threading.Lock()):
+                yield
+            return
+        with open(f"{path}.{name}.lock", "a+") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    # -- internal helpers -------------------------------------------------------------------
+
+    @staticmethod
+    def _event(s: Session, *, entity: str, to_state: str, actor: str, from_state: str | None = None,
+               reason: str | None = None, experiment_id: int | None = None, run: Run | None = None,
+               attempt: Attempt | None = None) -> None:
+        s.add(Event(
+            entity=entity, from_state=from_state, to_state=to_state, actor=actor, reason=reason,
+            experiment_id=experiment_id if experiment_id is not None else (run.experiment_id if run else None),
+            run_id=run.id if run else None, attempt_id=attempt.id if attempt else None,
+        ))
+
+    @staticmethod
+    def _locked_run(s: Session, run_key: str) -> Run:
+        run = s.scalars(select(Run).where(Run.run_key == run_key).with_for_update(of=Run)).unique().one_or_none()
+        if run is None:
+            raise LedgerError(f"no run {run_key!r} in the ledger")
+        return run
+
+    def _move(self, s: Session, run: Run, to: str, actor: str, reason: str | None,
+              attempt: Attempt | None = None) -> None:
+        if to not in _RUN_MOVES[run.state]:
+            raise LedgerError(f"run {run.run_key}: cannot go from {run.state} to {to}")
+        if run.state in ("failed", "timeout", "lost", "cancelled", "not_reproduced") and not reason:
+            raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
+        self._event(s, entity="run", from_state=run.state, to_state=to, actor=actor, reason=reason, run=run,
+                    attempt=attempt)
+        run.state = to
+        run.updated_at = utcnow()
+
+
+def _wrap_public(cls: type) -> None:
+    for name, value in list(vars(cls).items()):
+        if (callable(value) and not name.startswith("_") and name not in ("session", "exclusive")
+                and not isinstance(value, staticmethod)):
+            setattr(cls, name, _retrying(value))

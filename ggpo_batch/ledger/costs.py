@@ -1,0 +1,121 @@
+"""Decisions and the cost guard's queries: history of succeeded attempts, committed GPU-hours,
+and decisions that move runs in the same transaction."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from sqlalchemy import func, select, update
+
+from ..errors import LedgerError
+from .core import LedgerCore, NewRun, log
+from .schema import (
+    ACTIVE_RUN_STATES,
+    Attempt,
+    Decision,
+    Experiment,
+    Run,
+)
+
+
+class CostRecords(LedgerCore):
+    """Decisions and what the cost guard reads."""
+
+    def record_decision(self, *, experiment_name: str, kind: str, actor: str, experiment_id: int | None = None,
+                        **fields: Any) -> Decision:
+        with self.session() as s:
+            d = Decision(experiment_name=experiment_name, experiment_id=experiment_id, kind=kind, decided_by=actor,
+                         **fields)
+            s.add(d)
+            s.flush()
+            self._event(s, entity="decision", to_state=kind, actor=actor, reason=fields.get("reason"),
+                        experiment_id=experiment_id)
+            return d
+
+    def decisions(self, experiment_name: str | None = None) -> list[Decision]:
+        with self.session() as s:
+            q = select(Decision).order_by(Decision.id)
+            if experiment_name is not None:
+                q = q.where(Decision.experiment_name == experiment_name)
+            return list(s.scalars(q))
+
+    # -- cost guard: history, committed GPU-hours, decisions that move runs -------------------------
+
+    def succeeded_attempts(self, *, method: str, gpus: int | None = None,
+                           limit: int = 500) -> list[tuple[Experiment, Run, Attempt]]:
+        """Succeeded attempts with an elapsed time, of runs of `method` (and `gpus`), newest first.
+
+        The cost guard's history; the caller reads each run's result record (`run.result`).
+        """
+        with self.session() as s:
+            q = (select(Experiment, Run, Attempt).join(Run, Run.experiment_id == Experiment.id)
+                 .join(Attempt, Attempt.run_id == Run.id)
+                 .where(Experiment.method == method, Attempt.state == "succeeded",
+                        Attempt.elapsed_seconds.is_not(None))
+                 .order_by(Attempt.id.desc()).limit(limit))
+            if gpus is not None:
+                q = q.where(Attempt.gpus == gpus)
+            return [(e, r, a) for e, r, a in s.execute(q).all()]
+
+    def committed_gpu_hours(self, *, user: str | None = None, queue: str | None = None) -> tuple[float, float]:
+        """(spent, in flight) GPU-hours of the experiments created by `user` and/or on `queue`.
+
+        Spent books each attempt's figure (the scheduler's, else the job's own); in flight is the
+        estimate of every run still queued, submitted or running.
+        """
+        with self.session() as s:
+            spent_q = (select(func.coalesce(func.sum(func.coalesce(Attempt.gpu_hours_scheduler,
+                                                                       Attempt.gpu_hours_job)), 0.0))
+                       .join(Run, Run.id == Attempt.run_id).join(Experiment, Experiment.id == Run.experiment_id))
+            flight_q = (select(func.coalesce(func.sum(Run.estimated_gpu_hours), 0.0))
+                        .join(Experiment, Experiment.id == Run.experiment_id)
+                        .where(Run.state.in_(("queued",) + ACTIVE_RUN_STATES)))
+            if user is not None:
+                spent_q = spent_q.where(Experiment.created_by == user)
+                flight_q = flight_q.where(Experiment.created_by == user)
+            if queue is not None:
+                spent_q = spent_q.where(Experiment.queue == queue)
+                flight_q = flight_q.where(Experiment.queue == queue)
+            return float(s.scalar(spent_q) or 0.0), float(s.scalar(flight_q) or 0.0)
+
+    def apply_decision(self, *, experiment_name: str, kind: str, actor: str, fields: Mapping[str, Any],
+                       experiment_id: int | None = None, run_state: str | None = None,
+                       new_experiment: Mapping[str, Any] | None = None,
+                       new_runs: Sequence[NewRun] = ()) -> tuple[Decision, list[str]]:
+        """Record a cost decision and move runs with it, in one transaction; returns (decision, moved run keys).
+
+        `new_experiment` (create_experiment's keywords, without runs) creates the experiment with
+        `new_runs` already in `not_reproduced`. `run_state="not_reproduced"` moves the experiment's
+        queued runs there (runs that started already cost GPU-hours and are left alone);
+        `run_state="queued"` puts its not_reproduced runs back in the queue (the cost was accepted).
+        """
+        if run_state not in (None, "not_reproduced", "queued"):
+            raise LedgerError(f"a decision moves runs to not_reproduced or queued, not {run_state!r}")
+        why = fields.get("reason") or fields.get("resolution") or kind
+        moved: list[str] = []
+        with self.session() as s:
+            if new_experiment is not None:
+                exp, rows = self._create(s, **dict(new_experiment), actor=actor, runs=new_runs,
+                                         states=["not_reproduced"] * len(new_runs), reason=why)
+                experiment_id = exp.id
+                if rows:
+                    s.execute(update(Run).where(Run.id.in_(rows)).values(cause=why))
+                moved = [nr.run_key for nr in new_runs]
+            elif run_state is not None and experiment_id is not None:
+                source = "queued" if run_state == "not_reproduced" else "not_reproduced"
+                keys = list(s.scalars(select(Run.run_key).where(Run.experiment_id == experiment_id,
+                                                                Run.state == source).order_by(Run.id)))
+                for key in keys:
+                    run = self._locked_run(s, key)
+                    if run.state != source:  # moved by someone else since the select
+                        continue
+                    self._move(s, run, run_state, actor, why)
+                    run.cause = why if run_state == "not_reproduced" else None
+                    moved.append(key)
+            d = Decision(experiment_name=experiment_name, experiment_id=experiment_id, kind=kind, decided_by=actor,
+                         **dict(fields))
+            s.add(d)
+            s.flush()
+            self._event(s, entity="decision", to_state=kind, actor=actor, reason=why, experiment_id=experiment_id)
+            log.info("decision %s on %s by %s; runs moved: %d", kind, experiment_name, actor, len(moved))
+            return d, moved
