@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
-from .attempts import attempt_folder, over_allowance, settle
+from .attempts import attempt_folder, over_allowance, retries_used, settle
 from .config import Settings
 from .errors import ExecutorError, LedgerError
 from .executor import Executor, JobInfo, make_executor
@@ -35,6 +35,7 @@ class ReconcileReport:
     ended: int = 0
     started: int = 0
     resolved_submitting: int = 0
+    retried: int = 0  # runs lost before the scheduler got them, re-queued under the spec's retries
     requeued: int = 0
     refused_requeues: int = 0
     active: int = 0
@@ -105,12 +106,26 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                               f"the scheduler has job {job_id}" if job_id else
                                               "the scheduler never got it"))
                 rep.resolved_submitting += 1
+                if job_id is None and _retry_lost_submission(ledger, run.run_key, actor):
+                    rep.retried += 1
             except LedgerError as exc:
                 log.info("reconcile %s: %s", run.run_key, exc.message)
 
     rep.requeued = _requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names)
     return rep
+
+
+def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str) -> bool:
+    """A worker that died before sbatch lost the run to infrastructure, not to training: re-queue
+    it when the spec allows infrastructure retries (the lost attempt counts as one, costs 0 GPU-h)."""
+    run = ledger.get_run(run_key)
+    used = retries_used(run)
+    if run.state != "lost" or used > run.retries_allowed:
+        return False
+    ledger.requeue(run_key, actor=actor, reason=f"worker died before sbatch; infrastructure retry "
+                                                 f"{used}/{run.retries_allowed}")
+    return True
 
 
 def _poll(ex: Executor, ids: list[str]) -> dict[str, tuple[JobInfo, tuple[JobInfo, ...]]]:

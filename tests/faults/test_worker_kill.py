@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor
 from ggpo_batch.queue import RunQueue
+from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from ggpo_batch.worker import submit_run
 from tests.slurm.test_end_to_end import reconcile_until_ended
@@ -125,6 +127,48 @@ def test_worker_sigkilled_mid_submission(point, dev_cluster, ledger, settings, t
     finally:
         if worker.proc.poll() is None:
             worker.kill()
+        cancel_tagged(tag)
+
+
+def test_worker_killed_before_sbatch_with_one_retry_runs_again_exactly_once(dev_cluster, ledger, settings, tmp_path,
+                                                                             tag):  # type: ignore[no-untyped-def]
+    """A worker dying before sbatch is an infrastructure cause: with `retries = 1` reconcile
+    re-queues the run (the lost attempt counts, 0 GPU-h) and a second worker runs it once."""
+    spec = load_spec(write_spec(tmp_path, f"killr-{tag}", seeds=[1], retries=1))
+    [run_key] = [r.run_key for r in enqueue_spec(ledger, settings, spec, actor="tester").runs]
+    worker = WorkerProcess(worker_environment(settings, GGPO_FAULT_PAUSE=f"before_submit={PAUSE}"),
+                           tmp_path / "worker.log", name=f"w-{tag}")
+    second = None
+    try:
+        wait_until(lambda: _attempt_state(ledger, run_key) == "submitting", 120, "the attempt row")
+        worker.wait_for_log("fault injection: pausing", 30)
+        worker.kill()
+        runner = CountingRunner()
+        ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), settings.jobs_dir,
+                           sacct=Sacct(runner=runner), runner=runner, min_submit_interval_s=0)
+        queue = RunQueue.from_url(settings.redis_url, settings.queue)
+        rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": ex}, stale_after=timedelta(0))
+        run = ledger.get_run(run_key)
+        assert (rep.resolved_submitting, rep.retried) == (1, 1), rep
+        assert run.state == "queued" and [a.state for a in run.attempts] == ["lost"]
+        assert run_key in queue.present() and runner.count("sbatch") == 0
+
+        second = WorkerProcess(worker_environment(settings), tmp_path / "worker2.log", name=f"w2-{tag}")
+        wait_until(lambda: ledger.get_run(run_key).state in ("succeeded", "failed", "lost"), 180, "the retried run")
+        again = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": ex}, stale_after=timedelta(0))
+        run = ledger.get_run(run_key)
+        assert run.state == "succeeded", (run.state, run.cause, second.text()[-2000:])
+        lost, ok = run.attempts
+        assert lost.state == "lost" and lost.gpu_hours_job == 0.0 and lost.job_id is None
+        assert ok.state == "succeeded" and again.retried == 0
+        jobs = slurm_jobs(tag)
+        assert jobs == {job_name(run_key, 2): {ok.job_id}}, jobs  # one allocation, for the second attempt
+        print(f"\n[fault] worker SIGKILL before sbatch, retries = 1: attempts {[a.state for a in run.attempts]}, "
+              f"Slurm jobs {sum(len(v) for v in jobs.values())}, GPU-h scheduler {ok.gpu_hours_scheduler}")
+    finally:
+        for w in (worker, second):
+            if w is not None and w.proc.poll() is None:
+                w.kill()
         cancel_tagged(tag)
 
 
