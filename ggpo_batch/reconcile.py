@@ -106,7 +106,8 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                               f"the scheduler has job {job_id}" if job_id else
                                               "the scheduler never got it"))
                 rep.resolved_submitting += 1
-                if job_id is None and _retry_lost_submission(ledger, run, actor, queues, settings):
+                if job_id is None and _retry_lost_submission(ledger, run.run_key, actor,
+                                                             by_name.get(_queue_of(run, settings))):
                     rep.retried += 1
             except LedgerError as exc:
                 log.info("reconcile %s: %s", run.run_key, exc.message)
@@ -116,21 +117,20 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     return rep
 
 
-def _retry_lost_submission(ledger: Ledger, run: Run, actor: str, queues: Sequence[RunQueue],
-                           settings: Settings) -> bool:
+def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str, queue: RunQueue | None) -> bool:
     """A worker that died before sbatch lost the run to infrastructure, not to training: re-queue
     it when the spec allows infrastructure retries (the lost attempt counts as one, costs 0 GPU-h).
-    The dead worker's RQ job still sits in the started registry; it is replaced by a fresh one."""
-    run = ledger.get_run(run.run_key)
+    The dead worker's RQ job still sits in the started registry, so the run would look present to
+    `_requeue_missing`; it is replaced by a fresh one here."""
+    run = ledger.get_run(run_key)  # as resolve_submitting left it
     used = retries_used(run)
     if run.state != "lost" or used > run.retries_allowed:
         return False
-    ledger.requeue(run.run_key, actor=actor, reason=f"worker died before sbatch; infrastructure retry "
-                                                     f"{used}/{run.retries_allowed}")
-    for q in queues:
-        if q.name == _queue_of(run, settings) and not q.inline:
-            q.forget([run.run_key])
-            q.enqueue([run.run_key])
+    ledger.requeue(run_key, actor=actor, reason=f"worker died before sbatch; infrastructure retry "
+                                                f"{used}/{run.retries_allowed}")
+    if queue is not None and not queue.inline:
+        queue.forget([run_key])
+        queue.enqueue([run_key])
     return True
 
 

@@ -256,7 +256,8 @@ def test_two_concurrent_enqueues_cannot_both_fit_under_one_user_cap(ledger, db_u
         p = tmp_path / f"{name}.toml"
         p.write_text(RACE_SPEC.format(name=name))
         specs.append(p)
-    one = costguard.estimate(ledger, load_spec(specs[0]), load_spec(specs[0]).expand(1)).total_gpu_hours
+    spec_a = load_spec(specs[0])
+    one = costguard.estimate(ledger, spec_a, spec_a.expand(1)).total_gpu_hours
     env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
     env.update(GGPO_DB_URL=db_url, GGPO_REDIS_URL=redis_url, GGPO_DATA_DIR=str(tmp_path / "data"), GGPO_USER="alice",
                GGPO_USER_GPU_HOURS_CAP=str(1.5 * one))  # room for one experiment, not two

@@ -3,12 +3,13 @@ and decisions that move runs in the same transaction."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import func, select, update
 
 from ..errors import LedgerError
-from .core import LedgerCore, NewRun, log
+from .core import LedgerCore, NewRun
 from .schema import (
     ACTIVE_RUN_STATES,
     Attempt,
@@ -16,6 +17,8 @@ from .schema import (
     Experiment,
     Run,
 )
+
+log = logging.getLogger(__name__)
 
 
 class CostRecords(LedgerCore):
