@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .record import gpu_hours
+from .run_record import gpu_hours
 
 __all__ = ["gpu_hours", "DISAGREEMENT_FRACTION", "disagrees", "attempt_gpu_hours", "total"]
 

@@ -21,9 +21,9 @@ from typing import Any, Sequence
 from .config import Settings
 from .errors import LedgerError
 from .ledger import Ledger
-from .ledger.ledger import NewRun
+from .ledger import NewRun
 from .ledger.schema import Decision, Experiment, Run
-from .record import gpu_hours
+from .run_record import gpu_hours
 from .runspec import RunSpec
 from .spec import ExperimentSpec
 

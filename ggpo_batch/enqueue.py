@@ -16,7 +16,7 @@ from . import costguard
 from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger
-from .ledger.ledger import NewRun
+from .ledger import NewRun
 from .queue import RunQueue
 from .runspec import RunSpec
 from .spec import ExperimentSpec, spec_diff

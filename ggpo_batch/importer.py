@@ -16,9 +16,9 @@ from typing import Any
 
 from .errors import RecordError
 from .ledger import Ledger
-from .ledger.ledger import NewRun
+from .ledger import NewRun
 from .ledger.schema import utcnow
-from .record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED, check_results_file
+from .run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED, check_results_file
 from .spec import run_key
 
 MAX_RESULTS_BYTES = 64 << 20

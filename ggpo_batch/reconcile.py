@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Sequence
 
-from .attempts import attempt_folder, over_allowance, retries_used, settle
+from .settlement import attempt_folder, over_allowance, retries_used, settle
 from .config import Settings
 from .errors import ExecutorError, LedgerError
 from .executor import Executor, JobInfo, make_executor

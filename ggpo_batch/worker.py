@@ -15,12 +15,12 @@ from typing import Any, Sequence
 from rq import Queue, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-from .attempts import attempt_folder, settle
+from .settlement import attempt_folder, settle
 from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
 from .executor import make_executor
 from .ledger import Ledger, connect
-from .ledger.ledger import QuotaExceeded
+from .ledger import QuotaExceeded
 from .queue import RunQueue
 from .runspec import RunSpec
 

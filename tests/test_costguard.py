@@ -11,9 +11,9 @@ from ggpo_batch import costguard
 from ggpo_batch.config import Settings
 from ggpo_batch.errors import LedgerError
 from ggpo_batch.importer import import_results
-from ggpo_batch.ledger.ledger import NewRun
+from ggpo_batch.ledger import NewRun
 from ggpo_batch.spec import load_spec
-from ggpo_batch.status import experiment_status
+from ggpo_batch.reporting.status import experiment_status
 
 from .conftest import REPO, SEED_000, SEED_003
 

@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
+from ggpo_batch.reporting.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
 from ggpo_batch.importer import import_results
-from ggpo_batch.ledger.ledger import NewRun
+from ggpo_batch.ledger import NewRun
 
 from .conftest import SEED_000
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.ledger.ledger import NewRun
+from ggpo_batch.ledger import NewRun
 
 
 def _experiment(ledger, n: int = 2, retries: int = 0):  # type: ignore[no-untyped-def]
@@ -99,7 +99,7 @@ def test_submitting_attempt_is_fenced_until_resolved(ledger) -> None:  # type: i
 
 
 def test_quota_is_checked_atomically(ledger) -> None:  # type: ignore[no-untyped-def]
-    from ggpo_batch.ledger.ledger import QuotaExceeded
+    from ggpo_batch.ledger import QuotaExceeded
 
     _experiment(ledger, n=3)
     ledger.begin_attempt("e-v1-0-clean", executor="debug", gpus=4, actor="w", worker=None, quota=("q", 8))

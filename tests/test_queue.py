@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.control import cancel_runs, retry_run
+from ggpo_batch.interventions import cancel_runs, retry_run
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.errors import LedgerError, SpecError
 from ggpo_batch.queue import RunQueue

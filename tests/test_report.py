@@ -13,9 +13,9 @@ from ggpo_batch import costguard
 from ggpo_batch.cli import cli
 from ggpo_batch.errors import LedgerError
 from ggpo_batch.importer import import_results
-from ggpo_batch.ledger.ledger import NewRun
-from ggpo_batch.plots import write_plots
-from ggpo_batch.report import experiment_report
+from ggpo_batch.ledger import NewRun
+from ggpo_batch.reporting.plots import write_plots
+from ggpo_batch.reporting.report import experiment_report
 
 from .conftest import SEED_000
 

@@ -15,7 +15,7 @@ import pytest
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
-from ggpo_batch.record import check_run_record
+from ggpo_batch.run_record import check_run_record
 from ggpo_batch.spec import load_spec
 
 pytestmark = [pytest.mark.redis, pytest.mark.train]

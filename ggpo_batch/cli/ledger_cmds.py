@@ -108,7 +108,7 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
     from ..ledger.schema import RUN_STATES
-    from ..status import decided_experiments, experiment_status
+    from ..reporting.status import decided_experiments, experiment_status
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:

@@ -42,8 +42,8 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
 
     At most once per method and night (the ledger refuses a second claim); no selection, no retries.
     """
-    from ..components.night import artifact_path, run_method_night
-    from ..components.suite import DEFAULT_SUITE, load_suite
+    from ..nightly.night import artifact_path, run_method_night
+    from ..nightly.suite import DEFAULT_SUITE, load_suite
 
     suite = load_suite(suite_path or DEFAULT_SUITE)
     seed_list = _ints(seeds, "--seeds") or suite.seeds
@@ -71,8 +71,8 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
 
 
 def component_status_view(app: App, *, nights: int, threshold: float, as_json: bool) -> None:
-    from ..components.status import component_status
-    from ..components.suite import DEFAULT_SUITE, load_suite
+    from ..nightly.history import component_status
+    from ..nightly.suite import DEFAULT_SUITE, load_suite
 
     suite = load_suite(DEFAULT_SUITE)
     data = component_status(app.ledger(), cron=suite.schedule.cron, nights=nights, threshold=threshold,

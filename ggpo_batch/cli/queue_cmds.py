@@ -106,7 +106,7 @@ def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, rec
 @pass_app
 def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | None, as_json: bool) -> None:
     """Cancel RUN_KEY, or every unfinished run of --experiment: queued jobs removed, allocations scancelled."""
-    from ..control import cancel_runs
+    from ..interventions import cancel_runs
 
     if bool(run_key) == bool(experiment):
         raise click.UsageError("give a RUN_KEY or --experiment, not both")
@@ -135,7 +135,7 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
 @pass_app
 def retry(app: App, run_key: str, reason: str) -> None:
     """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors."""
-    from ..control import retry_run
+    from ..interventions import retry_run
 
     n = retry_run(app.ledger(), app.settings, run_key, actor=app.settings.user, reason=reason)
     click.echo(f"{run_key}: queued for attempt {n}")

@@ -27,12 +27,12 @@ def report(app: App, experiment: str, version: int | None, baseline: str, as_jso
            plot_dir: Path | None) -> None:
     """Per arm: mean, std and n of steps, GPU-hours, overshoot, tokens and exposure; arm - baseline
     differences paired by seed; GPU-hours spent and decided not spent."""
-    from ..report import experiment_report
+    from ..reporting.report import experiment_report
 
     data = experiment_report(app.ledger(), experiment, version=version, baseline=baseline)
     plots: list[str] = []
     if plot_dir is not None:
-        from ..plots import write_plots
+        from ..reporting.plots import write_plots
 
         plots = [str(p) for p in write_plots(data, plot_dir)]
     if as_json:
@@ -107,7 +107,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
     The experiment need not be in the ledger (e.g. a paper's full setup judged too expensive).
     """
     from ..costguard import decide_not_reproduced
-    from ..status import decision_row
+    from ..reporting.status import decision_row
 
     if not not_reproduced:
         raise click.UsageError("say what is decided: --not-reproduced")
@@ -130,7 +130,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
 @pass_app
 def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None, output: Path | None) -> None:
     """Runs and attempts as flat rows: CSV for a spreadsheet, JSON for a notebook."""
-    from ..export import export_ledger
+    from ..reporting.export import export_ledger
 
     if output is None:
         export_ledger(app.ledger(), sys.stdout, fmt=fmt, table=table, experiment=experiment)

@@ -35,7 +35,7 @@ ALLOC_START_LINE = "export GGPO_ALLOC_START=$EPOCHREALTIME"  # bash 5: the batch
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_./-]")
-RECORD_NAME = "record.json"  # the attempt's result record, where ggpo_batch.attempts reads it
+RECORD_NAME = "record.json"  # the attempt's result record, where ggpo_batch.settlement reads it
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 

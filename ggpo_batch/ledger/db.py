@@ -129,7 +129,7 @@ def check_schema(engine: Engine) -> None:
 
 def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0):  # type: ignore[no-untyped-def]
     """A Ledger on `url`; with `check`, refuse a schema that is not at head."""
-    from .ledger import Ledger
+    from . import Ledger
 
     engine = make_engine(url)
     if check:

@@ -15,7 +15,7 @@ ggpo (group-relative policy optimisation), as this project defines it:
    from the policy every K updates.
 
 This module is pure torch and is the one implementation used by both the training job
-(`ggpo_batch.train`) and the nightly CPU components (`ggpo_batch.components`).
+(`ggpo_batch.train`) and the nightly CPU components (`ggpo_batch.nightly`).
 """
 
 from __future__ import annotations

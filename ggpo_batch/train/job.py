@@ -26,7 +26,7 @@ import submitit
 
 from ..errors import GgpoError
 from ..netutil import free_port
-from ..record import require_valid, run_key
+from ..run_record import require_valid, run_key
 from ..runspec import RunSpec
 from .config import TrainConfig
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..record import (
+from ..run_record import (
     BUDGET_LIMITATION,
     BUDGET_STATUS_RECONCILED,
     COST_LIMITATIONS,

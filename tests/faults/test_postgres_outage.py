@@ -10,7 +10,7 @@ import pytest
 
 from ggpo_batch.ledger import connect, upgrade
 from ggpo_batch.ledger.db import make_engine
-from ggpo_batch.ledger.ledger import NewRun
+from ggpo_batch.ledger import NewRun
 from ggpo_batch.netutil import free_port
 
 from .pgcluster import PrivateCluster

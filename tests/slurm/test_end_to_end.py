@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.control import cancel_runs
+from ggpo_batch.interventions import cancel_runs
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.sacct import Sacct, run_command

@@ -5,7 +5,7 @@ import pickle
 import pytest
 import submitit
 
-from ggpo_batch.record import check_run_record
+from ggpo_batch.run_record import check_run_record
 from ggpo_batch.train.job import TrainingJob
 
 

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.record import check_run_record, run_key
+from ggpo_batch.run_record import check_run_record, run_key
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.job import Preempted
 from ggpo_batch.train.launch import train_local

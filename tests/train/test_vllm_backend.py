@@ -45,7 +45,7 @@ def test_vllm_logprobs_follow_the_synced_weights(monkeypatch):
 
 def test_training_job_runs_with_vllm_rollouts(tmp_path, monkeypatch, spec_for):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from ggpo_batch.record import check_run_record
+    from ggpo_batch.run_record import check_run_record
     from ggpo_batch.train.launch import train_local
 
     rec = train_local(spec_for("paired", budget=1.0, rollout="vllm"), tmp_path / "r.json", nproc=1, timeout=400)

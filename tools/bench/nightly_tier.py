@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-IMPORT_ONLY = "import ggpo_batch.components.nightly"
+IMPORT_ONLY = "import ggpo_batch.nightly.runner"
 RUN = (
-    "import json, ggpo_batch.components.nightly as n\n"
+    "import json, ggpo_batch.nightly.runner as n\n"
     "r = n.run_nightly(seeds=[42, 43, 44], methods=['ggpo'], corpus=None, corpus_sha256=None, output=None,"
     " command='tools/bench/nightly_tier.py')\n"
     "print(json.dumps({'timing': r['timing'], 'dataset': r['dataset']['id'],"

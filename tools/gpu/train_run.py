@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ggpo_batch.record import check_run_record, run_key
+from ggpo_batch.run_record import check_run_record, run_key
 from ggpo_batch.runspec import ArmSpec, RunSpec
 from ggpo_batch.train.job import TrainingJob
 

@@ -9,8 +9,8 @@ the job's once-per-night claim makes the second enqueue a no-op.
 import os
 from pathlib import Path
 
-from ggpo_batch.components.schedule import register_cron
-from ggpo_batch.components.suite import DEFAULT_SUITE, load_suite
+from ggpo_batch.nightly.schedule import register_cron
+from ggpo_batch.nightly.suite import DEFAULT_SUITE, load_suite
 
 _root = Path(__file__).resolve().parents[2]
 _suite = load_suite(Path(os.environ.get("GGPO_NIGHTLY_SUITE", DEFAULT_SUITE)))

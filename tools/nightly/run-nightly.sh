@@ -9,4 +9,4 @@ REPO=${1:-$(cd "$(dirname "$0")/../.." && pwd)}
 PYTHON=${PYTHON:-$REPO/.venv/bin/python}
 OUT=${GGPO_NIGHTLY_OUTPUT:-$REPO/results/nightly}
 cd "$REPO"
-exec "$PYTHON" -m ggpo_batch.components.night --night "$(date -u +%F)" --output-dir "$OUT"
+exec "$PYTHON" -m ggpo_batch.nightly.night --night "$(date -u +%F)" --output-dir "$OUT"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components.record import aggregate, check_component_record, summarize
+from ggpo_batch.nightly.component_record import aggregate, check_component_record, summarize
 
 SEED_003 = Path("/work/shared/seeds/003_6402ffbf4ba21fea.txt")
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
 
-from .accounting import attempt_gpu_hours, disagrees
-from .ledger import Ledger
-from .ledger.schema import Attempt, Run
+from ..accounting import attempt_gpu_hours, disagrees
+from ..ledger import Ledger
+from ..ledger.schema import Attempt, Run
 
 
 def _attempt_cost(a: Attempt) -> float | None:

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ggpo_batch.components.corpus import (
+from ggpo_batch.nightly.corpus import (
     GENERATED_ID, ByteSplit, CorpusError, CorpusSource, byte_ranges, generate_corpus, load_corpus, load_file)
-from ggpo_batch.components.watch import watching
+from ggpo_batch.nightly.watch import watching
 from ggpo_batch.errors import GgpoError
 
 

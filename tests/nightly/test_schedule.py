@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components.schedule import enqueue_next_night, next_run_after, nightly_job
-from ggpo_batch.components.suite import load_suite
+from ggpo_batch.nightly.schedule import enqueue_next_night, next_run_after, nightly_job
+from ggpo_batch.nightly.suite import load_suite
 
 pytestmark = pytest.mark.redis
 REPO = Path(__file__).resolve().parents[2]

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components.suite import DEFAULT_SUITE, load_suite
+from ggpo_batch.nightly.suite import DEFAULT_SUITE, load_suite
 from ggpo_batch.errors import SpecError
 
 

@@ -13,10 +13,10 @@ import logging
 from datetime import datetime
 from typing import Any, Iterable, Sequence, TextIO
 
-from .accounting import attempt_gpu_hours, disagrees
-from .errors import LedgerError
-from .ledger import Ledger
-from .record import AUX_COST_KEYS, COST_KEYS, COUNT_KEYS
+from ..accounting import attempt_gpu_hours, disagrees
+from ..errors import LedgerError
+from ..ledger import Ledger
+from ..run_record import AUX_COST_KEYS, COST_KEYS, COUNT_KEYS
 from .report import run_gpu_hours
 
 log = logging.getLogger(__name__)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components.schedule import expected_nights, missed_nights, next_run_after, night_of
-from ggpo_batch.components.status import component_status, moved_metrics
+from ggpo_batch.nightly.schedule import expected_nights, missed_nights, next_run_after, night_of
+from ggpo_batch.nightly.history import component_status, moved_metrics
 
 SEED_003 = Path("/work/shared/seeds/003_6402ffbf4ba21fea.txt")
 CRON = "30 2 * * *"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components import ggpo_tier, nightly
-from ggpo_batch.components.night import artifact_path, run_method_night, run_night
-from ggpo_batch.components.suite import load_suite
+from ggpo_batch.nightly import ggpo_tier, nightly
+from ggpo_batch.nightly.night import artifact_path, run_method_night, run_night
+from ggpo_batch.nightly.suite import load_suite
 from ggpo_batch.errors import GgpoError
 
 NIGHT = date(2026, 12, 1)

@@ -4,7 +4,7 @@ and sha256 and finish the component-run row with the record. A failure finishes 
 failed with its error and is not retried.
 
 Shared by the RQ job (`schedule.nightly_job`), `ggpo-batch nightly` and the cron/systemd script
-(`python -m ggpo_batch.components.night`), so every path leaves the same ledger trail.
+(`python -m ggpo_batch.nightly.night`), so every path leaves the same ledger trail.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def run_method_night(ledger: Any, *, suite: Suite, method: str, night: date, act
     claim, so a mistyped manual run cannot use up a night.
     """
     from .corpus import load_corpus
-    from .nightly import METHODS, run_nightly  # torch is imported only where the tier really runs
+    from .runner import METHODS, run_nightly  # torch is imported only where the tier really runs
     from .provenance import sha256_path
 
     if method not in METHODS:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
-    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ggpo_batch.components.night",
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ggpo_batch.nightly.night",
                                                 *(argv if argv is not None else sys.argv[1:])])
     try:
         done = run_night(connect(settings.db_url), suite=load_suite(args.suite), output_dir=args.output_dir,

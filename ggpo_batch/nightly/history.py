@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import date, datetime, time, timedelta, timezone
 from typing import Any, Mapping, Sequence
 
-from .record import FACT_CHECKS
+from .component_record import FACT_CHECKS
 from .schedule import missed_nights
 
 # The metrics a night-to-night comparison looks at (means over seeds).

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.components import nightly
-from ggpo_batch.components.corpus import CorpusError
-from ggpo_batch.components.nightly import run_nightly
-from ggpo_batch.components.record import PER_SEED_KEYS, check_component_record
-from ggpo_batch.components.suite import load_suite
+from ggpo_batch.nightly import nightly
+from ggpo_batch.nightly.corpus import CorpusError
+from ggpo_batch.nightly.runner import run_nightly
+from ggpo_batch.nightly.component_record import PER_SEED_KEYS, check_component_record
+from ggpo_batch.nightly.suite import load_suite
 from ggpo_batch.errors import GgpoError
 
 
@@ -54,7 +54,7 @@ def test_record_conforms_and_checks_are_observed(suite, tmp_path: Path):
     impl = Path(nightly.__file__).parents[1] / "train" / "ggpo.py"
     assert p["implementation_sha256"] == hashlib.sha256(impl.read_bytes()).hexdigest()
     assert p["executed_source_sha256"]["ggpo_batch/train/ggpo.py"] == p["implementation_sha256"]
-    assert "ggpo_batch/components/ggpo_tier.py" in p["executed_source_sha256"]
+    assert "ggpo_batch/nightly/ggpo_tier.py" in p["executed_source_sha256"]
     assert p["command"] == "pytest" and p["accelerator"] == "cpu"
     assert p["dataset_fingerprint"] == f"sha256:{rec['dataset']['source_sha256']}"
     assert isinstance(p["uncommitted_source_at_cpu_run"], bool) and len(p["commit"]) == 40
@@ -121,8 +121,8 @@ def test_checks_fail_when_the_mechanism_is_broken(suite, tmp_path: Path, monkeyp
     """The checks are observations: break the split or the freezing and they turn false."""
     import torch
 
-    from ggpo_batch.components import ggpo_tier
-    from ggpo_batch.components.corpus import ByteSplit
+    from ggpo_batch.nightly import ggpo_tier
+    from ggpo_batch.nightly.corpus import ByteSplit
 
     def anywhere(self, gen, batch, length):  # a sampler that ignores the split
         starts = torch.randint(0, len(self.data) - length + 1, (batch,), generator=gen).tolist()

@@ -22,7 +22,7 @@ from .checks import NOT_APPLICABLE, extreme_finite_padding_zero_gradients, overs
 from .corpus import ByteSplit, Corpus, load_corpus
 from .policy import PolicyConfig
 from .provenance import REPO_ROOT, executed_sources, git_commit, sha256_path, uncommitted
-from .record import SCHEMA_VERSION, aggregate, check_component_record
+from .component_record import SCHEMA_VERSION, aggregate, check_component_record
 from .suite import Suite, load_suite
 from .watch import watching
 

@@ -17,7 +17,7 @@ from typing import Any
 from .executor.base import INFRASTRUCTURE_STATES, JobInfo
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run
-from .record import check_run_record, run_key as record_key
+from .run_record import check_run_record, run_key as record_key
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import torch
 
-from ggpo_batch.components import checks
-from ggpo_batch.components.checks import extreme_finite_padding_zero_gradients, oversized_corpus_rejected_before_read
-from ggpo_batch.components.corpus import CorpusError
+from ggpo_batch.nightly import checks
+from ggpo_batch.nightly.checks import extreme_finite_padding_zero_gradients, oversized_corpus_rejected_before_read
+from ggpo_batch.nightly.corpus import CorpusError
 from ggpo_batch.train.ggpo import GgpoConfig, ggpo_loss
 
 

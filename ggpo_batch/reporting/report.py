@@ -14,11 +14,11 @@ import statistics
 from collections import defaultdict
 from typing import Any, Iterable, Mapping, Sequence
 
-from .accounting import attempt_gpu_hours
-from .costguard import KIND_NOT_REPRODUCED
-from .errors import LedgerError
-from .ledger import Ledger
-from .ledger.schema import Run
+from ..accounting import attempt_gpu_hours
+from ..costguard import KIND_NOT_REPRODUCED
+from ..errors import LedgerError
+from ..ledger import Ledger
+from ..ledger.schema import Run
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",

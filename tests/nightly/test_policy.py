@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import torch
 
-from ggpo_batch.components.policy import EOS, VOCAB, BytePolicy, PolicyConfig, flat_parameters, sample
+from ggpo_batch.nightly.policy import EOS, VOCAB, BytePolicy, PolicyConfig, flat_parameters, sample
 
 
 def test_policy_is_causal():

@@ -1,9 +1,6 @@
-"""The ledger: the only code that writes run and attempt state.
-
-Each transition runs in one transaction, locks the row it changes, checks the move is allowed,
-and appends an `events` row (who, when, from, to, why) in that same transaction.
-This module holds experiments and runs; attempts, costs and components are parts of their own.
-"""
+"""Experiments and runs in the ledger: creating them, reading them, and the run transitions
+that are not about one attempt (requeue, cancel, not reproduced). The other parts of `Ledger`
+are attempts.py, costs.py and component_runs.py."""
 
 from __future__ import annotations
 
@@ -13,10 +10,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, undefer
 
 from ..errors import LedgerError
-from .attempts import AttemptTransitions, QuotaExceeded
-from .components import ComponentRecords
-from .core import ATTEMPT_FINAL, LedgerCore, NewRun
-from .costs import CostRecords
+from .core import LedgerCore, NewRun
 from .schema import (
     Attempt,
     Event,
@@ -25,17 +19,9 @@ from .schema import (
     utcnow,
 )
 
-__all__ = ["ATTEMPT_FINAL", "Ledger", "NewRun", "QuotaExceeded"]
 
-
-class Ledger(AttemptTransitions, CostRecords, ComponentRecords, LedgerCore):
-    """The ledger on one database. Cheap to create; holds only an engine.
-
-    Every public method is one transaction and is retried while the database is unreachable,
-    for at most `retry_seconds` (default 120: a PostgreSQL restart does not lose a transition).
-    """
-
-    # -- experiments and runs ---------------------------------------------------------------
+class RunTransitions(LedgerCore):
+    """Experiments and runs: create, import, read, requeue, cancel, not reproduced."""
 
     def latest_experiment(self, name: str) -> Experiment | None:
         with self.session() as s:

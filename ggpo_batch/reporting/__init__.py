@@ -1,0 +1,1 @@
+"""What the ledger says, for people and scripts: status, the per-arm report, its plots, exports."""
