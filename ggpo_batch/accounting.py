@@ -2,26 +2,35 @@
 
 allocated GPU-hours = gpus x elapsed_seconds / 3600, from allocation start to end (through
 evaluation); queue time is never GPU time. The ledger keeps both figures; they must agree.
+This module is the one home of that formula and of what "disagree" means.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
-
-from .run_record import gpu_hours
-
-__all__ = ["gpu_hours", "DISAGREEMENT_FRACTION", "disagrees", "attempt_gpu_hours", "total"]
+from collections.abc import Iterable
 
 # The job's own figure and the scheduler's differ by more than this: flagged in status.
 DISAGREEMENT_FRACTION = 0.01
 
 
-def disagrees(job: float | None, scheduler: float | None) -> bool:
-    """True when both figures exist and differ by more than 1 % of the larger."""
+def gpu_hours(gpus: int, seconds: float) -> float:
+    """Allocated GPU-hours: gpus x seconds / 3600 (queue time is never GPU time)."""
+    return gpus * seconds / 3600.0
+
+
+def disagreement(job: float | None, scheduler: float | None) -> float | None:
+    """|scheduler - job| / scheduler (the scheduler's figure bills), or None when either is missing."""
     if job is None or scheduler is None:
-        return False
-    top = max(abs(job), abs(scheduler))
-    return top > 0 and abs(job - scheduler) / top > DISAGREEMENT_FRACTION
+        return None
+    if scheduler == 0:
+        return 0.0 if job == 0 else float("inf")
+    return abs(scheduler - job) / abs(scheduler)
+
+
+def disagrees(job: float | None, scheduler: float | None) -> bool:
+    """True when both figures exist and differ by more than DISAGREEMENT_FRACTION."""
+    d = disagreement(job, scheduler)
+    return d is not None and d > DISAGREEMENT_FRACTION
 
 
 def attempt_gpu_hours(job: float | None, scheduler: float | None) -> float | None:

@@ -11,11 +11,14 @@ import logging
 import os
 import re
 import stat
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from .errors import ConfigError
+
+# The checkout the package runs from (profiles, jobs, migrations live beside the package).
+REPO_DIR = Path(__file__).resolve().parent.parent
 
 APP_NAME = "ggpo-batch"
 MEMORY_REDIS = "memory://"  # embedded quick start: fakeredis, jobs run inline in the caller
@@ -88,7 +91,6 @@ class Settings:
     # Cost caps (GPU-hours); None = no cap at that level.
     user_gpu_hours_cap: float | None = None
     queue_gpu_hours_cap: float | None = None
-    repo_dir: Path = field(default_factory=lambda: Path(__file__).resolve().parent.parent)
     # Fault injection for the fault suite: seconds a worker sleeps at a named point of a submission
     # (GGPO_FAULT_PAUSE="after_submit=30"), so a test can SIGKILL it exactly there.
     fault_pause: tuple[tuple[str, float], ...] = ()
@@ -96,6 +98,15 @@ class Settings:
     @property
     def jobs_dir(self) -> Path:
         return self.data_dir / "jobs"
+
+    @property
+    def inline_queue(self) -> bool:
+        """`memory://`: jobs run inline in the caller, no worker and no reconciler."""
+        return self.redis_url == MEMORY_REDIS
+
+    def queue_for(self, experiment_queue: str | None) -> str:
+        """The queue of an experiment: its own, or this installation's default."""
+        return experiment_queue or self.queue
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -122,7 +133,7 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
 FAULT_POINTS = ("before_submit", "after_submit", "after_cost_check")
 
 
-def fault_pause(settings: "Settings", point: str) -> None:
+def fault_pause(settings: Settings, point: str) -> None:
     """Sleep at a named point when GGPO_FAULT_PAUSE asks for it (fault tests only)."""
     import time
 
@@ -152,7 +163,7 @@ def _login() -> str:
         return f"uid{os.getuid()}"
 
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@\s]*)@", re.I)
+_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@\s]*)@", re.IGNORECASE)
 
 
 def redact(text: str) -> str:

@@ -11,19 +11,18 @@ loop is the budget exactly.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
+from .accounting import gpu_hours
 from .config import Settings
 from .errors import LedgerError
-from .ledger import Ledger
-from .ledger import NewRun
+from .ledger import Ledger, NewRun
 from .ledger.schema import Decision, Experiment, Run
-from .run_record import gpu_hours
 from .runspec import RunSpec
 from .spec import ExperimentSpec
 
@@ -195,13 +194,14 @@ def _same_experiment(ledger: Ledger, spec: ExperimentSpec) -> Experiment | None:
 
 
 def record_not_reproduced(ledger: Ledger, spec: ExperimentSpec, est: Estimate, check: CapCheck, *, actor: str,
-                          runs: Sequence[RunSpec] | None = None, queue: str | None = None) -> Decision:
+                          new_experiment: Mapping[str, Any] | None = None,
+                          new_runs: Sequence[NewRun] = ()) -> Decision:
     """The automatic decision not to run `spec` because of its cost (review_done False, no automatic retry).
 
-    With `runs`, and no experiment of the same spec in the ledger yet, the experiment is created
-    with those runs in `not_reproduced` (in the same transaction), so `status` lists them as decided;
-    an existing experiment of the same spec has its queued runs moved there instead. `queue` is
-    the queue the experiment is booked on if it is accepted later (default: the spec's).
+    With `new_experiment` and `new_runs` (built by enqueue), and no experiment of the same spec in
+    the ledger yet, the experiment is created with those runs in `not_reproduced` (in the same
+    transaction), so `status` lists them as decided; an existing experiment of the same spec has
+    its queued runs moved there instead.
     """
     fields: dict[str, Any] = {
         **_cost_fields(est, check), "review_done": False, "automatic_retry": False,
@@ -210,25 +210,14 @@ def record_not_reproduced(ledger: Ledger, spec: ExperimentSpec, est: Estimate, c
         "reason": check.message,
     }
     existing = _same_experiment(ledger, spec)
-    per_run = {e.run_key: e.gpu_hours for e in est.runs}
-    if existing is not None or not runs:
+    if existing is not None or new_experiment is None or not new_runs:
         d, _ = ledger.apply_decision(experiment_name=spec.name, kind=KIND_NOT_REPRODUCED, actor=actor, fields=fields,
                                      experiment_id=existing.id if existing else None,
                                      run_state="not_reproduced" if existing else None)
         return d
-    new_exp = {"name": spec.name, "version": runs[0].experiment_version, "method": spec.method, "source": "spec",
-               "spec_hash": spec.spec_hash, "spec": spec.canonical(), "gpus": spec.gpus, "source_path": spec.path,
-               "queue": queue or spec.queue, "max_gpu_hours": spec.max_gpu_hours}
-    new_runs = [NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
-                       run_spec=_plain(r), retries_allowed=r.retries, estimated_gpu_hours=per_run.get(r.run_key))
-                for r in runs]
     d, _ = ledger.apply_decision(experiment_name=spec.name, kind=KIND_NOT_REPRODUCED, actor=actor, fields=fields,
-                                 new_experiment=new_exp, new_runs=new_runs)
+                                 new_experiment=dict(new_experiment), new_runs=list(new_runs))
     return d
-
-
-def _plain(r: RunSpec) -> dict[str, Any]:
-    return json.loads(r.to_json())
 
 
 def _cost_fields(est: Estimate, check: CapCheck) -> dict[str, Any]:

@@ -8,15 +8,15 @@ cost is accepted with a reason; the refusal itself is a ledger decision.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any
 
 from . import costguard
 from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
-from .ledger import Ledger
-from .ledger import NewRun
+from .ledger import Ledger, NewRun
 from .queue import RunQueue
 from .runspec import RunSpec
 from .spec import ExperimentSpec, spec_diff
@@ -37,9 +37,16 @@ class EnqueueResult:
     cap: costguard.CapCheck | None = None
 
 
-def _new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
+def new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
     return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
                   run_spec=r.to_dict(), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
+
+
+def new_experiment(spec: ExperimentSpec, version: int, queue: str) -> dict[str, Any]:
+    """The experiment row's fields for `spec` at `version`, booked on `queue`."""
+    return {"name": spec.name, "version": version, "method": spec.method, "source": "spec",
+            "spec_hash": spec.spec_hash, "spec": spec.canonical(), "gpus": spec.gpus, "source_path": spec.path,
+            "queue": queue, "max_gpu_hours": spec.max_gpu_hours}
 
 
 def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, arms: Sequence[str] | None = None,
@@ -47,7 +54,7 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
                  new_version: bool = False, accept_cost_reason: str | None = None,
                  actor: str) -> EnqueueResult:
     """Put the spec's runs (or a subset) on the queue; see the module docstring."""
-    queue_name = queue or spec.queue or settings.queue
+    queue_name = queue or settings.queue_for(spec.queue)
     # Check and write under one lock: two enqueues that each fit a cap must not both pass it.
     with ledger.exclusive("enqueue") if not dry_run else nullcontext():
         latest = ledger.latest_experiment(spec.name)
@@ -72,20 +79,20 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
         if dry_run or not (todo or decided):
             return res
+        per_run = {e.run_key: e.gpu_hours for e in est.runs}
         if not cap.ok and not accept_cost_reason:
             # The refusal is itself a fact: the experiment and its runs are recorded as not_reproduced.
-            costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor, runs=todo, queue=queue_name)
+            costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor,
+                                            new_experiment=new_experiment(spec, version, queue_name),
+                                            new_runs=[new_run(r, per_run) for r in todo])
             raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
                                   f"`enqueue --accept-cost --reason TEXT` overrides")
-        per_run = {e.run_key: e.gpu_hours for e in est.runs}
         if todo:
             if same and latest is not None:
-                ledger.add_runs(latest.id, [_new_run(r, per_run) for r in todo], actor=actor)
+                ledger.add_runs(latest.id, [new_run(r, per_run) for r in todo], actor=actor)
             else:
-                ledger.create_experiment(name=spec.name, version=version, method=spec.method, source="spec",
-                                         spec_hash=spec.spec_hash, spec=spec.canonical(), gpus=spec.gpus, actor=actor,
-                                         runs=[_new_run(r, per_run) for r in todo], source_path=spec.path,
-                                         queue=queue_name, max_gpu_hours=spec.max_gpu_hours)
+                ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor,
+                                         runs=[new_run(r, per_run) for r in todo])
         if not cap.ok:
             # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
             costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")

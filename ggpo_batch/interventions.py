@@ -11,10 +11,9 @@ from .executor import make_executor
 from .ledger import Ledger
 from .queue import RunQueue
 from .runspec import RunSpec
+from .states import CANCELLABLE_RUN_STATES, LIVE_JOB_ATTEMPT_STATES, RETRYABLE_RUN_STATES
 
 log = logging.getLogger(__name__)
-
-RETRYABLE = ("failed", "timeout", "lost", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -35,13 +34,13 @@ def cancel_runs(ledger: Ledger, settings: Settings, run_keys: list[str], *, acto
     out = []
     for key in run_keys:
         run = ledger.get_run(key)
-        if run.state not in ("queued", "submitted", "running"):
+        if run.state not in CANCELLABLE_RUN_STATES:
             continue
-        queue = RunQueue.from_url(settings.redis_url, run.experiment.queue or settings.queue)
+        queue = RunQueue.from_url(settings.redis_url, settings.queue_for(run.experiment.queue))
         removed = queue.remove(key)
         job = None
         last = run.attempts[-1] if run.attempts else None
-        if last is not None and last.job_id and last.state in ("submitted", "running"):
+        if last is not None and last.job_id and last.state in LIVE_JOB_ATTEMPT_STATES:
             spec = RunSpec.from_dict(run.run_spec)
             make_executor(last.executor, jobs_dir=settings.jobs_dir, profile=spec.profile).cancel(last.job_id)
             job = last.job_id
@@ -56,10 +55,10 @@ def retry_run(ledger: Ledger, settings: Settings, run_key: str, *, actor: str, r
     if not reason.strip():
         raise LedgerError("a retry needs --reason: re-running until a seed works is selection")
     run = ledger.get_run(run_key)
-    if run.state not in RETRYABLE:
-        raise LedgerError(f"run {run_key} is {run.state}; only {', '.join(RETRYABLE)} runs can be retried")
+    if run.state not in RETRYABLE_RUN_STATES:
+        raise LedgerError(f"run {run_key} is {run.state}; only {', '.join(RETRYABLE_RUN_STATES)} runs can be retried")
     ledger.requeue(run_key, actor=actor, reason=f"manual retry: {reason.strip()}")
-    queue = RunQueue.from_url(settings.redis_url, run.experiment.queue or settings.queue)
+    queue = RunQueue.from_url(settings.redis_url, settings.queue_for(run.experiment.queue))
     queue.forget([run_key])
     queue.enqueue([run_key])
     return len(run.attempts) + 1

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import socket
-from datetime import datetime, timedelta, timezone
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime, timedelta
 
 from redis import Redis
 from rq import Queue, Worker
@@ -60,7 +60,7 @@ class RunQueue:
         self.queue = Queue(name, connection=connection, serializer=JSONSerializer, is_async=not inline)
 
     @classmethod
-    def from_url(cls, url: str, name: str) -> "RunQueue":
+    def from_url(cls, url: str, name: str) -> RunQueue:
         return cls(connect(url), name, inline=url == MEMORY_REDIS)
 
     @property
@@ -146,7 +146,7 @@ class RunQueue:
         beat = w.last_heartbeat
         if beat is None:
             return False
-        age = (datetime.now(timezone.utc) - beat.replace(tzinfo=timezone.utc)).total_seconds()
+        age = (datetime.now(UTC) - beat.replace(tzinfo=UTC)).total_seconds()
         return age < (w.worker_ttl or 420) + 60
 
     def failed(self) -> dict[str, str]:
@@ -166,6 +166,18 @@ class RunQueue:
         """Delete old (failed or finished) job hashes of these runs, before they are enqueued again."""
         for job in self._jobs(run_keys):
             job.delete(remove_from_queue=True)
+
+    def positions(self) -> dict[str, dict[str, object]]:
+        """Run key -> where Redis has it: `queue_position` (1-based; None if deferred), `deferred`,
+        `rq_worker` for a job being executed."""
+        info: dict[str, dict[str, object]] = {}
+        for key, pos in self.waiting().items():
+            info[key] = {"queue_position": pos, "queue": self.name}
+        for key in self.scheduled():
+            info.setdefault(key, {"queue_position": None, "queue": self.name, "deferred": True})
+        for key, worker in self.started().items():
+            info.setdefault(key, {"queue": self.name})["rq_worker"] = worker
+        return info
 
     def remove(self, run_key: str) -> int:
         """Delete every waiting or scheduled job of a run; returns how many."""

@@ -9,19 +9,22 @@ Idempotent: a second cycle with nothing new changes nothing.
 from __future__ import annotations
 
 import logging
+import time
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Sequence
 
-from .settlement import attempt_folder, over_allowance, retries_used, settle
+from .allocation import attempt_folder
 from .config import Settings
 from .errors import ExecutorError, LedgerError
 from .executor import Executor, JobInfo, make_executor
-from .ledger import Ledger
+from .ledger import Ledger, connect
 from .ledger.schema import Attempt, Run, utcnow
 from .queue import RunQueue
 from .runspec import RunSpec
+from .settlement import over_allowance, retries_used, settle
+from .states import SCHEDULER_NODE_FAILURE
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +45,6 @@ class ReconcileReport:
     executor_calls: dict[str, int] = field(default_factory=dict)
 
 
-def _queue_of(run: Run, settings: Settings) -> str:
-    return run.experiment.queue or settings.queue
-
-
 def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *, actor: str,
               executors: dict[str, Executor] | None = None, stale_after: timedelta = STALE_SUBMITTING) -> ReconcileReport:
     """One reconcile cycle over the runs of `queues` (all queues' attempts if `queues` is empty)."""
@@ -57,7 +56,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     for q in queues:
         busy.update(q.started(alive_only=True))
 
-    active = [(r, a) for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names]
+    active = [(r, a) for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names]
     groups: dict[str, list[tuple[Run, Attempt]]] = defaultdict(list)
     for run, att in active:
         groups[att.executor].append((run, att))
@@ -67,13 +66,15 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             profile = RunSpec.from_dict(pairs[0][0].run_spec).profile
             ex = executors[ex_name] = make_executor(ex_name, jobs_dir=settings.jobs_dir, profile=profile)
         with_id = [(r, a) for r, a in pairs if a.job_id]
-        infos = _poll(ex, [a.job_id for _, a in with_id]) if with_id else {}  # ONE call
+        # ONE call for all ids: each job's latest state and every run the scheduler made of it (a
+        # requeue under the same job id is a run of its own, booked as its own attempt).
+        accounts = ex.accounts([a.job_id for _, a in with_id]) if with_id else {}  # type: ignore[misc]
         rep.executor_calls[ex_name] = rep.executor_calls.get(ex_name, 0) + (1 if with_id else 0)
         rep.polled += len(with_id)
         for run, att in with_id:
-            if att.job_id not in infos:
+            if att.job_id not in accounts:
                 continue
-            info, segments = infos[att.job_id]  # type: ignore[index]
+            info, segments = accounts[att.job_id].latest, accounts[att.job_id].segments  # type: ignore[index]
             try:
                 run, att = _book_requeues(ledger, run, att, segments, actor)
                 if not info.final and over_allowance(run):
@@ -85,8 +86,8 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                     out = settle(ledger, run, att, info, attempt_folder(settings.jobs_dir, run.run_key, first),
                                  actor=actor)
                     rep.ended += 1
-                    if out.retry and _queue_of(run, settings) in by_name:
-                        by_name[_queue_of(run, settings)].enqueue([run.run_key])
+                    if out.retry and settings.queue_for(run.experiment.queue) in by_name:
+                        by_name[settings.queue_for(run.experiment.queue)].enqueue([run.run_key])
                 elif info.state == "RUNNING" and att.state == "submitted":
                     ledger.mark_running(run.run_key, att.number, actor=actor, started_at=info.start)
                     rep.started += 1
@@ -107,13 +108,13 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                               "the scheduler never got it"))
                 rep.resolved_submitting += 1
                 if job_id is None and _retry_lost_submission(ledger, run.run_key, actor,
-                                                             by_name.get(_queue_of(run, settings))):
+                                                             by_name.get(settings.queue_for(run.experiment.queue))):
                     rep.retried += 1
             except LedgerError as exc:
                 log.info("reconcile %s: %s", run.run_key, exc.message)
 
     rep.requeued = _requeue_missing(ledger, settings, queues)
-    rep.active = sum(1 for r, a in ledger.active_attempts() if not names or _queue_of(r, settings) in names)
+    rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     return rep
 
 
@@ -134,14 +135,6 @@ def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str, queue: RunQ
     return True
 
 
-def _poll(ex: Executor, ids: list[str]) -> dict[str, tuple[JobInfo, tuple[JobInfo, ...]]]:
-    """One scheduler call for all ids: job id -> (latest state, every run of the job). Slurm
-    reports each requeue under the same job id as a run of its own, booked as its own attempt."""
-    if not hasattr(ex, "accounts"):
-        return {j: (info, ()) for j, info in ex.poll(ids).items()}
-    return {j: (a.latest, a.segments) for j, a in ex.accounts(ids).items()}  # type: ignore[attr-defined]
-
-
 def _book_requeues(ledger: Ledger, run: Run, att: Attempt, segments: Sequence[JobInfo],
                    actor: str) -> tuple[Run, Attempt]:
     """Attempts booked on this job id so far vs the runs Slurm made of it: book each new requeue."""
@@ -152,7 +145,7 @@ def _book_requeues(ledger: Ledger, run: Run, att: Attempt, segments: Sequence[Jo
         seg, nxt = segments[booked - 1], segments[booked]
         att = ledger.book_requeue(run.run_key, att.number, actor=actor, started_at=seg.start, ended_at=seg.end,
                                   elapsed_seconds=seg.elapsed_seconds, gpu_hours_scheduler=seg.gpu_hours,
-                                  next_started_at=nxt.start, node_failed=seg.state in ("NODE_FAIL", "BOOT_FAIL"))
+                                  next_started_at=nxt.start, node_failed=seg.state in SCHEDULER_NODE_FAILURE)
         booked += 1
     run = ledger.get_run(run.run_key)
     return run, run.attempts[-1]
@@ -178,10 +171,30 @@ def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQue
             continue
         present = q.present()
         missing = [r.run_key for r in ledger.runs(states=["queued"])
-                   if _queue_of(r, settings) == q.name and r.run_key not in present
+                   if settings.queue_for(r.experiment.queue) == q.name and r.run_key not in present
                    and not (r.attempts and r.attempts[-1].state == "submitting")]
         if missing:
             q.forget(missing)
             n += q.enqueue(missing)
             log.info("reconcile: re-queued %d run(s) missing from Redis queue %s", len(missing), q.name)
     return n
+
+
+def reconcile_now(settings: Settings, queues: Sequence[str], *, actor: str) -> ReconcileReport:
+    """One cycle on a ledger connection of its own (a worker's maintenance, `ggpo-batch reconcile`)."""
+    ledger = connect(settings.db_url)
+    try:
+        return reconcile(ledger, settings, [RunQueue.from_url(settings.redis_url, q) for q in queues], actor=actor)
+    finally:
+        ledger.engine.dispose()
+
+
+def wait_settled(settings: Settings, queues: Sequence[str], *, timeout: float, actor: str,
+                 interval: float = 1.0) -> int:
+    """Reconcile until no attempt of these queues is active; returns how many are still active."""
+    deadline = time.monotonic() + timeout
+    while True:
+        report = reconcile_now(settings, queues, actor=actor)
+        if report.active == 0 or time.monotonic() > deadline:
+            return report.active
+        time.sleep(interval)

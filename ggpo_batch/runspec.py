@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import GgpoError
 
@@ -83,12 +84,12 @@ class RunSpec:
         return hashlib.sha256(blob).hexdigest()
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "RunSpec":
+    def from_json(cls, text: str | bytes) -> RunSpec:
         d = json.loads(text)
         return cls.from_dict(d)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> "RunSpec":
+    def from_dict(cls, d: Mapping[str, Any]) -> RunSpec:
         version = d.get("version")
         if version != RUN_SPEC_VERSION:
             raise GgpoError(f"run spec version {version!r} is not supported (this release reads {RUN_SPEC_VERSION})")

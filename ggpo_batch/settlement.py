@@ -14,30 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .executor.base import INFRASTRUCTURE_STATES, JobInfo
+from .accounting import gpu_hours
+from .allocation import record_path
+from .executor.base import JobInfo
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run
-from .run_record import check_run_record, run_key as record_key
+from .run_record import check_run_record, entry_key
+from .states import (
+    INFRASTRUCTURE_ATTEMPT_STATES,
+    RUN_STATE_AFTER,
+    SCHEDULER_INFRASTRUCTURE,
+    attempt_state_of,
+)
 
 log = logging.getLogger(__name__)
-
-RECORD_NAME = "record.json"
-
-_ATTEMPT_STATE = {
-    "COMPLETED": "succeeded",
-    "FAILED": "failed",
-    "OUT_OF_MEMORY": "failed",
-    "TIMEOUT": "timeout",
-    "DEADLINE": "timeout",
-    "CANCELLED": "cancelled",
-    "PREEMPTED": "preempted",
-    "NODE_FAIL": "node_fail",
-    "BOOT_FAIL": "node_fail",
-    "LOST": "lost",
-}
-INFRASTRUCTURE_ATTEMPT_STATES = ("preempted", "node_fail", "lost")
-_RUN_STATE = {"succeeded": "succeeded", "failed": "failed", "timeout": "timeout", "cancelled": "cancelled",
-              "preempted": "failed", "node_fail": "failed", "lost": "lost"}
 
 
 def retries_used(run: Run) -> int:
@@ -50,10 +40,6 @@ def over_allowance(run: Run) -> bool:
     return retries_used(run) > run.retries_allowed
 
 
-def attempt_folder(jobs_dir: Path, run_key: str, number: int) -> Path:
-    return Path(jobs_dir) / run_key / f"attempt-{number}"
-
-
 @dataclass(frozen=True)
 class Outcome:
     attempt_state: str
@@ -64,14 +50,14 @@ class Outcome:
 
 
 def _read_record(folder: Path, run: Run) -> tuple[dict[str, Any] | None, str | None]:
-    path = folder / RECORD_NAME
+    path = record_path(folder)
     if not path.exists():
         return None, "the job ended without writing its result record"
     try:
         rec = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         return None, f"result record unreadable: {exc}"
-    problems = check_run_record(record_key(run.seed, run.arm), rec)
+    problems = check_run_record(entry_key(run.seed, run.arm), rec)
     if problems:
         return None, "result record invalid: " + "; ".join(problems[:3])
     return rec, None
@@ -79,7 +65,7 @@ def _read_record(folder: Path, run: Run) -> tuple[dict[str, Any] | None, str | N
 
 def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
     """The transitions an attempt's end implies (pure: reads the record, writes nothing)."""
-    state = _ATTEMPT_STATE.get(info.state, "failed")
+    state = attempt_state_of(info.state)
     reason = None if info.state == "COMPLETED" else f"{info.state}" + (f" (exit {info.exit_code})" if info.exit_code
                                                                          else "")
     record = None
@@ -87,18 +73,18 @@ def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
         record, problem = _read_record(folder, run)
         if problem:
             state, reason = "failed", problem
-    if run.state in ("cancelled",):
+    if run.state == "cancelled":
         return Outcome(state, None, reason, record, retry=False)
     if info.state == "CANCELLED" and over_allowance(run):
         reason = (f"CANCELLED: the scheduler requeued the job past the spec's retries = {run.retries_allowed} "
                   f"({retries_used(run)} infrastructure failures); cancelled before it could run again")
         return Outcome(state, "failed", reason, record, retry=False)
-    infra = info.state in INFRASTRUCTURE_STATES
+    infra = info.state in SCHEDULER_INFRASTRUCTURE
     used = retries_used(run) + (1 if infra else 0)
     if infra and used <= run.retries_allowed:
         reason = f"{reason}; infrastructure retry {used}/{run.retries_allowed}"
         return Outcome(state, None, reason, record, retry=True)
-    return Outcome(state, _RUN_STATE[state], reason, record, retry=False)
+    return Outcome(state, RUN_STATE_AFTER[state], reason, record, retry=False)
 
 
 def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str) -> Outcome:
@@ -111,12 +97,12 @@ def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Pa
         job_gh = timing["allocated_gpu_hours_through_evaluation"]
         elapsed = elapsed if elapsed is not None else timing["elapsed_seconds"]
     elif elapsed is not None:
-        job_gh = attempt.gpus * elapsed / 3600.0
+        job_gh = gpu_hours(attempt.gpus, elapsed)
     ledger.mark_finished(run.run_key, attempt.number, attempt_state=out.attempt_state, run_state=out.run_state,
                          actor=actor, reason=out.reason, started_at=info.start, ended_at=info.end,
                          elapsed_seconds=elapsed, gpu_hours_job=job_gh, gpu_hours_scheduler=info.gpu_hours,
                          scheduler_state=info.state, exit_code=info.exit_code, result=out.record)
-    rec_path = folder / RECORD_NAME
+    rec_path = record_path(folder)
     if out.record is not None:
         ledger.record_artifact(path=str(rec_path), sha256=hashlib.sha256(rec_path.read_bytes()).hexdigest(),
                                size_bytes=rec_path.stat().st_size, kind="run_record", run_id=run.id)

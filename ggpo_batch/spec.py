@@ -11,16 +11,17 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from .errors import SpecError
+from .executor import EXECUTOR_NAMES
 from .runspec import EXPOSURES, ArmSpec, RunSpec
 
 SPEC_SCHEMA = 1
 METHODS = ("ggpo",)
-EXECUTORS = ("slurm", "local", "debug")
 MAX_SPEC_BYTES = 1 << 20
 MAX_SEEDS = 1000
 MAX_ARMS = 64
@@ -245,7 +246,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     gpus = _int(p, "experiment.gpus", e.get("gpus", 4), 1, MAX_GPUS)
     budget = _num(p, "experiment.loop_budget_seconds", e.get("loop_budget_seconds", 2700), 0, MAX_BUDGET_SECONDS,
                   open_lo=True)
-    executor = _str(p, "experiment.executor", e.get("executor", "slurm"), choices=EXECUTORS)
+    executor = _str(p, "experiment.executor", e.get("executor", "slurm"), choices=EXECUTOR_NAMES)
     profile = _str(p, "experiment.profile", e.get("profile", "default"), NAME)
     max_gh = e.get("max_gpu_hours")
     if max_gh is not None:

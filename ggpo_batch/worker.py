@@ -10,19 +10,21 @@ from __future__ import annotations
 import logging
 import socket
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rq import Queue, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
-from .settlement import attempt_folder, settle
+from .allocation import attempt_folder
 from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
 from .executor import make_executor
-from .ledger import Ledger, connect
-from .ledger import QuotaExceeded
+from .ledger import Ledger, QuotaExceeded, connect
 from .queue import RunQueue
 from .runspec import RunSpec
+from .reconcile import reconcile_now, wait_settled
+from .settlement import settle
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +53,8 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         log.info("run %s is %s: nothing to submit", run_key, run.state)
         return {"run_key": run_key, "skipped": run.state}
     spec = RunSpec.from_dict(run.run_spec)
-    queue_name = run.experiment.queue or settings.queue
-    inline = settings.redis_url.startswith("memory://")
+    queue_name = settings.queue_for(run.experiment.queue)
+    inline = settings.inline_queue
     quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
     try:
         att = ledger.begin_attempt(run_key, executor=spec.executor, gpus=spec.gpus, actor=settings.user,
@@ -92,7 +94,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     # A debug job has ended inside submit(); inline (memory://) mode has no reconciler and runs one
     # run at a time: in both, wait for the end and book it here.
     if spec.executor == "debug" or inline:
-        info = _wait_final(executor, job_id)
+        info = executor.wait_final(job_id)
         run = ledger.get_run(run_key)
         out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
     return out
@@ -102,16 +104,6 @@ def _still_ours(ledger: Ledger, run_key: str, number: int) -> bool:
     run = ledger.get_run(run_key)
     att = next((a for a in run.attempts if a.number == number), None)
     return att is not None and att.state == "submitting"
-
-
-def _wait_final(executor: Any, job_id: str, poll_seconds: float = 1.0) -> Any:
-    delay = 0.2
-    while True:
-        info = executor.poll([job_id])[job_id]
-        if info.final:
-            return info
-        time.sleep(delay)
-        delay = min(delay * 2, poll_seconds * 10)
 
 
 class GgpoWorker(Worker):
@@ -132,22 +124,11 @@ class GgpoWorker(Worker):
             self.log.exception("reconcile cycle failed")
 
 
-def reconcile_now(settings: Settings, queues: Sequence[str], *, actor: str) -> Any:
-    from .reconcile import reconcile
-
-    ledger = connect(settings.db_url)
-    try:
-        return reconcile(ledger, settings, [RunQueue.from_url(settings.redis_url, q) for q in queues], actor=actor)
-    finally:
-        ledger.engine.dispose()
-
-
 def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: str | None = None,
                reconcile_interval: int = 30, settle_timeout: float = 3600.0) -> bool:
     """Work the queues; in burst mode, then wait (reconciling) until this queue's attempts have ended."""
-    from .queue import connect as redis_connect
-
     from .executor import payload  # noqa: F401  (imported once here, so each forked job need not)
+    from .queue import connect as redis_connect
 
     try:  # the training payload imports torch: pay for it once in the worker, not in every job
         import ggpo_batch.train.job  # noqa: F401
@@ -174,18 +155,7 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
     ledger = connect(settings.db_url)
     try:
-        return any((r.experiment.queue or settings.queue) in queues for r in ledger.runs(states=["queued"],
+        return any(settings.queue_for(r.experiment.queue) in queues for r in ledger.runs(states=["queued"],
                                                                                          with_attempts=False))
     finally:
         ledger.engine.dispose()
-
-
-def wait_settled(settings: Settings, queues: Sequence[str], *, timeout: float, actor: str,
-                 interval: float = 1.0) -> int:
-    """Reconcile until no attempt of these queues is active; returns how many are still active."""
-    deadline = time.monotonic() + timeout
-    while True:
-        report = reconcile_now(settings, queues, actor=actor)
-        if report.active == 0 or time.monotonic() > deadline:
-            return report.active
-        time.sleep(interval)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..config import redact
-from . import App, cli, echo_json, pass_app
+from .app import App, cli, echo_json, pass_app
 from .tables import print_decided, print_status
 
 
@@ -107,15 +107,15 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
 
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
-    from ..ledger.schema import RUN_STATES
     from ..reporting.status import decided_experiments, experiment_status
+    from ..states import RUN_STATES
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
     led = app.ledger()
     data = experiment_status(led, experiment=experiment, states=states or None,
-                             queue_info=_queue_info(app, {e.queue or app.settings.queue for e in led.experiments(experiment)
+                             queue_info=_queue_info(app, {app.settings.queue_for(e.queue) for e in led.experiments(experiment)
                                                           if e.source == "spec"}))
     wants_decided = not states or "not_reproduced" in states
     decided = decided_experiments(led, experiment=experiment) if wants_decided else []
@@ -129,20 +129,14 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: b
 
 def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
     """Run key -> queue position / RQ worker, from Redis; empty (with a warning) if Redis is down."""
-    if not queues or app.settings.redis_url.startswith("memory://"):
+    if not queues or app.settings.inline_queue:
         return {}
     from ..queue import RunQueue
 
     info: dict[str, dict] = {}
     try:
         for name in sorted(queues):
-            q = RunQueue.from_url(app.settings.redis_url, name)
-            for key, pos in q.waiting().items():
-                info[key] = {"queue_position": pos, "queue": name}
-            for key in q.scheduled():
-                info.setdefault(key, {"queue_position": None, "queue": name, "deferred": True})
-            for key, worker in q.started().items():
-                info.setdefault(key, {"queue": name})["rq_worker"] = worker
+            info.update(RunQueue.from_url(app.settings.redis_url, name).positions())
     except Exception as exc:  # status must still show the ledger when Redis is down
         click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
         return {}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +11,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from . import App, cli, echo_json, invoked_command, pass_app
+from .app import App, cli, echo_json, invoked_command, pass_app
 
 
 def _ints(value: str | None, param: str) -> tuple[int, ...] | None:
@@ -48,7 +48,7 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
     suite = load_suite(suite_path or DEFAULT_SUITE)
     seed_list = _ints(seeds, "--seeds") or suite.seeds
     method_list = tuple(m.strip() for m in methods.split(",") if m.strip()) if methods else suite.methods
-    the_night = night.date() if night else datetime.now(timezone.utc).date()
+    the_night = night.date() if night else datetime.now(UTC).date()
     ledger = app.ledger()
     command = invoked_command()
     results = []

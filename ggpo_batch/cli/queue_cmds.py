@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from . import App, cli, echo_json, pass_app
+from .app import App, cli, echo_json, pass_app
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -91,7 +91,7 @@ def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, rec
     """
     from ..worker import run_worker
 
-    if app.settings.redis_url.startswith("memory://"):
+    if app.settings.inline_queue:
         raise click.UsageError("GGPO_REDIS_URL=memory:// runs jobs inside `enqueue`; a worker needs a Redis server")
     app.ledger()  # refuse a schema that is behind before taking any job
     run_worker(app.settings, list(queues) or [app.settings.queue], burst=burst, name=name,
@@ -154,7 +154,7 @@ def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_
     resolved (the scheduler has the job: submitted; it does not: lost); queued runs missing from
     Redis (after a flush or restart) are put back.
     """
-    from ..worker import reconcile_now, wait_settled
+    from ..reconcile import reconcile_now, wait_settled
 
     app.ledger()
     names = list(queues) or [app.settings.queue]

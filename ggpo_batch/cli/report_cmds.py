@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from . import App, cli, echo_json, pass_app
+from .app import App, cli, echo_json, pass_app
 from .ledger_cmds import ledger as ledger_group
 from .tables import _f
 
@@ -82,6 +83,14 @@ def print_report(data: Mapping[str, Any], console: Console | None = None) -> Non
     console.print(f"spent: [b]{tot['spent_gpu_hours']:.4f}[/b] GPU-h in {tot['attempts']} attempts of {tot['runs']} "
                   f"runs; decided not spent: {'unknown' if decided is None else f'{decided:.4f}'} GPU-h "
                   f"({tot['decided_runs']} runs not reproduced)")
+    if tot.get("audit_failed_runs"):
+        bad = {arm: a["audit_failed"] for arm, a in data["arms"].items() if a.get("audit_failed")}
+        console.print(f"[b]rollout audit failed[/b]: {tot['audit_failed_runs']} succeeded runs ("
+                      + ", ".join(f"{arm} {n}" for arm, n in bad.items())
+                      + ") are left out of every statistic above; their GPU-h are in the spend")
+    if tot.get("budget_not_reconciled_runs"):
+        console.print(f"budget or exposure target not reached: {tot['budget_not_reconciled_runs']} runs "
+                      f"(their arms may not be compared as matched)")
     for d in data["decisions"]:
         console.print(f"decision {d['kind']} by {d['decided_by']} (review done: {d['review_done']}, automatic "
                       f"retry: {d['automatic_retry']}): {d['resolution']}\n  cost basis: {d['cost_basis']}\n"

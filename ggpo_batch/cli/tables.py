@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
@@ -46,18 +47,23 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
                 note.append(f"job {r['job_id']}")
             if r.get("accounting_disagreement"):
                 note.append("GPU-h job/slurm disagree >1%")
+            if r.get("audit_failed"):
+                note.append("ROLLOUT AUDIT FAILED: not comparable")
+            if r.get("budget_reconciled") is False:
+                note.append("budget/exposure short: not matched")
             if r.get("cause"):
                 note.append(escape(str(r["cause"])[:60]))
-            t.add_row(r["arm"], str(r["seed"]), r["state"], str(r["attempts"]), _f(r["steps"]),
+            state = f"{r['state']}, audit failed" if r.get("audit_failed") else r["state"]
+            t.add_row(r["arm"], str(r["seed"]), state, str(r["attempts"]), _f(r["steps"]),
                       _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), _f(r.get("estimated_gpu_hours"), 3),
                       "; ".join(note))
         t.add_section()
         for arm, tot in exp["arms"].items():
-            t.add_row(f"[b]{arm}[/b] total", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
+            t.add_row(f"[b]{arm}[/b] total", "", _states(tot["states"], tot), str(tot["attempts"]), _f(tot["steps"]), "",
                       _f(tot["allocated_gpu_hours"], 4), "", "")
         tot = exp["totals"]
         t.add_section()
-        t.add_row("[b]experiment total[/b]", "", _states(tot["states"]), str(tot["attempts"]), _f(tot["steps"]), "",
+        t.add_row("[b]experiment total[/b]", "", _states(tot["states"], tot), str(tot["attempts"]), _f(tot["steps"]), "",
                   f"[b]{_f(tot['allocated_gpu_hours'], 4)}[/b]", _f(exp.get("estimated_gpu_hours"), 3), "")
         console.print(t)
         for d in exp.get("decisions", []):
@@ -79,5 +85,8 @@ def print_decided(decisions: Sequence[dict[str, Any]], console: Console | None =
     console.print(t)
 
 
-def _states(states: dict[str, int]) -> str:
-    return ", ".join(f"{n} {s}" for s, n in states.items())
+def _states(states: dict[str, int], totals: dict[str, Any] | None = None) -> str:
+    text = ", ".join(f"{n} {s}" for s, n in states.items())
+    if totals and totals.get("audit_failed"):
+        text += f" ({totals['audit_failed']} audit failed)"
+    return text

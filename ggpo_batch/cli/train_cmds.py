@@ -9,7 +9,9 @@ from pathlib import Path
 
 import click
 
-from . import App, cli, pass_app
+from ..allocation import record_path
+from ..executor import EXECUTOR_NAMES
+from .app import App, cli, pass_app
 
 
 @cli.command()
@@ -18,7 +20,7 @@ from . import App, cli, pass_app
 @click.option("--seed", required=True, type=int, help="Seed (one of the spec's).")
 @click.option("--budget-seconds", type=click.FloatRange(min=0, min_open=True),
               help="Override the spec's loop-time budget.")
-@click.option("--executor", type=click.Choice(["local", "slurm", "debug"]), default="local", show_default=True,
+@click.option("--executor", type=click.Choice(EXECUTOR_NAMES), default="local", show_default=True,
               help="local: CPU ranks on this machine; slurm: one allocation from the spec's profile.")
 @click.option("--nproc", default=2, show_default=True, type=click.IntRange(1, 64), help="Ranks for --executor local.")
 @click.option("--output", "-o", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -64,16 +66,10 @@ def _through_executor(app: App, run, output: Path) -> dict:  # type: ignore[no-u
     ex = make_executor(run.executor, jobs_dir=app.settings.jobs_dir, profile=run.profile)
     job_id = ex.submit(run, 1, folder)
     click.echo(f"job {job_id}, logs in {folder}", err=True)
-    delay = 1.0
-    while True:
-        info = ex.poll([job_id])[job_id]
-        if info.final:
-            break
-        time.sleep(delay)
-        delay = min(delay * 1.5, 30.0)
-    record_path = folder / "record.json"
-    if info.state != "COMPLETED" or not record_path.exists():
+    info = ex.wait_final(job_id, max_delay=30.0)
+    record = record_path(folder)
+    if info.state != "COMPLETED" or not record.exists():
         raise ExecutorError(f"job {job_id} ended {info.state} without a record; see {folder}")
     output.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(record_path, output)
+    shutil.copyfile(record, output)
     return json.loads(output.read_text())

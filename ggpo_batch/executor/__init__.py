@@ -1,32 +1,52 @@
-"""Executors: where a run's allocation comes from (slurm, local, debug), behind one interface."""
+"""Executors: where a run's allocation comes from (slurm, local, debug), behind one interface.
+
+`EXECUTORS` is the one registry: spec validation and the CLI read its names, `make_executor`
+builds from it. Backends are imported only when built (submitit, Slurm tools are not needed to
+read a spec).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from ..config import REPO_DIR
 from ..errors import ExecutorError
-from .base import Executor, JobInfo, job_name
+from .base import Executor, JobAccount, JobInfo, job_name
 
-__all__ = ["Executor", "JobInfo", "job_name", "make_executor"]
+__all__ = ["EXECUTORS", "EXECUTOR_NAMES", "Executor", "JobAccount", "JobInfo", "job_name", "make_executor"]
+
+
+def _debug(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+    from .debug import DebugExecutor
+
+    return DebugExecutor()
+
+
+def _local(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+    from .local import LocalExecutor
+
+    return LocalExecutor(jobs_dir, tasks=local_tasks)
+
+
+def _slurm(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+    try:
+        from .profile import load_profile
+        from .slurm import SlurmExecutor
+    except ImportError as exc:  # pragma: no cover - submitit missing from the environment
+        raise ExecutorError(f"the slurm executor is unavailable: {exc}") from None
+    return SlurmExecutor(load_profile(profile, repo_dir / "slurm" / "profiles"), jobs_dir)
+
+
+EXECUTORS: Mapping[str, Callable[[Path, str, Path, int], Executor]] = {"slurm": _slurm, "local": _local,
+                                                                        "debug": _debug}
+EXECUTOR_NAMES = tuple(EXECUTORS)
 
 
 def make_executor(name: str, *, jobs_dir: Path, profile: str = "default", repo_dir: Path | None = None,
                   local_tasks: int = 2) -> Executor:
-    """The executor backend `name` (slurm | local | debug)."""
-    if name == "debug":
-        from .debug import DebugExecutor
-
-        return DebugExecutor()
-    if name == "local":
-        from .local import LocalExecutor
-
-        return LocalExecutor(jobs_dir, tasks=local_tasks)
-    if name == "slurm":
-        try:
-            from .profile import load_profile
-            from .slurm import SlurmExecutor
-        except ImportError as exc:  # pragma: no cover - until the slurm backend is installed
-            raise ExecutorError(f"the slurm executor is unavailable: {exc}") from None
-        search = (repo_dir or Path(__file__).resolve().parents[2]) / "slurm" / "profiles"
-        return SlurmExecutor(load_profile(profile, search), jobs_dir)
-    raise ExecutorError(f"unknown executor {name!r} (slurm, local, debug)")
+    """The executor backend `name` (one of EXECUTOR_NAMES)."""
+    factory = EXECUTORS.get(name)
+    if factory is None:
+        raise ExecutorError(f"unknown executor {name!r} ({', '.join(EXECUTOR_NAMES)})")
+    return factory(Path(jobs_dir), profile, repo_dir or REPO_DIR, local_tasks)

@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import abc
 import re
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable
 
+from ..accounting import gpu_hours
 from ..runspec import RunSpec
-
-# Final states as Slurm names them; local/debug backends map onto the same vocabulary.
-FINAL_STATES = frozenset(
-    {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-)
-# Causes a spec may retry (`retries = N`): the infrastructure failed, not the training.
-INFRASTRUCTURE_STATES = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "LOST"})
+from ..states import SCHEDULER_FINAL
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
@@ -32,7 +28,7 @@ class JobInfo:
     """What the scheduler says about one job."""
 
     job_id: str
-    state: str  # PENDING, RUNNING, or one of FINAL_STATES
+    state: str  # PENDING, RUNNING, or one of states.SCHEDULER_FINAL
     start: datetime | None = None
     end: datetime | None = None
     elapsed_seconds: float | None = None
@@ -42,13 +38,31 @@ class JobInfo:
 
     @property
     def final(self) -> bool:
-        return self.state in FINAL_STATES
+        return self.state in SCHEDULER_FINAL
 
     @property
     def gpu_hours(self) -> float | None:
         if self.alloc_gpus is None or self.elapsed_seconds is None:
             return None
-        return self.alloc_gpus * self.elapsed_seconds / 3600.0
+        return gpu_hours(self.alloc_gpus, self.elapsed_seconds)
+
+
+@dataclass(frozen=True)
+class JobAccount:
+    """Everything the scheduler knows about one job: its latest state and every run (segment) it
+    had. Slurm requeues a job under the same id; each run is a segment the ledger books as its own
+    attempt. Backends that never requeue have one segment, the job itself."""
+
+    latest: JobInfo
+    segments: tuple[JobInfo, ...]
+    name: str = ""
+    comments: tuple[str, ...] = ()
+
+    @property
+    def gpu_hours(self) -> float | None:
+        """Allocated GPU-hours summed over all runs of the job (requeues included)."""
+        hours = [s.gpu_hours for s in self.segments if s.gpu_hours is not None]
+        return sum(hours) if hours else None
 
 
 class Executor(abc.ABC):
@@ -70,6 +84,20 @@ class Executor(abc.ABC):
     def poll(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
         """The state of many jobs in one query."""
 
+    def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
+        """`poll` with every run of each job; a backend that requeues under one id overrides it."""
+        return {j: JobAccount(latest=info, segments=(info,)) for j, info in self.poll(job_ids).items()}
+
     @abc.abstractmethod
     def cancel(self, job_id: str) -> None:
         """Cancel a pending or running job."""
+
+    def wait_final(self, job_id: str, *, max_delay: float = 10.0) -> JobInfo:
+        """Poll one job until the scheduler reports a final state (backing off up to `max_delay` s)."""
+        delay = 0.2
+        while True:
+            info = self.poll([job_id])[job_id]
+            if info.final:
+                return info
+            time.sleep(delay)
+            delay = min(delay * 2, max_delay)

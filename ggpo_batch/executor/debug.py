@@ -9,17 +9,17 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from datetime import datetime, timedelta, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Iterable
 
+from ..allocation import record_path
 from ..runspec import RunSpec
 from .base import Executor, JobInfo
 from .payload import make_payload
 
 log = logging.getLogger(__name__)
 _ids = itertools.count(1)
-RECORD_NAME = "record.json"
 
 
 class DebugExecutor(Executor):
@@ -34,9 +34,9 @@ class DebugExecutor(Executor):
         folder.mkdir(parents=True, exist_ok=True)
         job_id = f"debug-{int(time.time())}-{next(_ids)}"
         ex = submitit.DebugExecutor(folder=folder)
-        start = datetime.now(timezone.utc)
+        start = datetime.now(UTC)
         t0 = time.monotonic()
-        job = ex.submit(make_payload(spec, folder / RECORD_NAME))
+        job = ex.submit(make_payload(spec, record_path(folder)))
         # exception() runs the job without DebugJob.results()'s post-mortem debugger prompt.
         exc = job.exception()
         elapsed = time.monotonic() - t0

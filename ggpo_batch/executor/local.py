@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import os
 import pickle
-from datetime import datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Iterable
 
+from ..allocation import alloc_start_export, record_path
 from ..errors import ExecutorError
 from ..netutil import free_port
 from ..runspec import RunSpec
 from .base import Executor, JobInfo
 from .payload import make_payload
-
-RECORD_NAME = "record.json"
 
 
 def _alive(pid: int) -> bool:
@@ -38,7 +37,7 @@ def _alive(pid: int) -> bool:
 
 def _mtime(p: Path) -> datetime | None:
     try:
-        return datetime.fromtimestamp(p.stat().st_mtime, tz=timezone.utc)
+        return datetime.fromtimestamp(p.stat().st_mtime, tz=UTC)
     except OSError:
         return None
 
@@ -70,8 +69,8 @@ class LocalExecutor(Executor):
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
         # collided (EADDRINUSE) with a port still held on this machine.
         ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
-                             setup=["export GGPO_ALLOC_START=$(date +%s.%N)", f"export MASTER_PORT={free_port()}"])
-        job = ex.submit(make_payload(spec, folder / RECORD_NAME))
+                             setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}"])
+        job = ex.submit(make_payload(spec, record_path(folder)))
         job_id = str(job.job_id)
         self._jobs[job_id] = job
         self._index.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,9 @@ itself only ever carries the JSON run spec).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import ExecutorError
 from ..runspec import RunSpec
@@ -16,7 +17,9 @@ from ..runspec import RunSpec
 def make_payload(spec: RunSpec, output: Path) -> Callable[[], Any]:
     """The callable that trains `spec` inside an allocation and writes its record to `output`."""
     if spec.method == "ggpo":
-        from ..train.job import TrainingJob  # imported late: torch is only needed on the allocation
+        from ..train.job import (
+            TrainingJob,  # imported late: torch is only needed on the allocation
+        )
 
         return TrainingJob(spec.to_json(), str(output))
     raise ExecutorError(f"method {spec.method!r} has no training job (known: ggpo)")

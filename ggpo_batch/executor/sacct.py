@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from ..errors import ExecutorError
-from .base import JobInfo
+from .base import JobAccount, JobInfo
 
 log = logging.getLogger(__name__)
 
@@ -108,22 +108,6 @@ def parse_output(text: str) -> dict[str, list[SacctRecord]]:
     return out
 
 
-@dataclass(frozen=True)
-class JobAccount:
-    """Everything sacct knows about one job: its latest state and every run (segment) it had."""
-
-    latest: JobInfo
-    segments: tuple[JobInfo, ...]
-    name: str = ""
-    comments: tuple[str, ...] = ()
-
-    @property
-    def gpu_hours(self) -> float | None:
-        """Allocated GPU-hours summed over all runs of the job (requeues included)."""
-        hours = [s.gpu_hours for s in self.segments if s.gpu_hours is not None]
-        return sum(hours) if hours else None
-
-
 def accounts_from_records(grouped: dict[str, list[SacctRecord]]) -> dict[str, JobAccount]:
     """Each earlier record of a job id is a run that was requeued (preempted or `scontrol requeue`)."""
     out = {}
@@ -133,15 +117,6 @@ def accounts_from_records(grouped: dict[str, list[SacctRecord]]) -> dict[str, Jo
             latest=latest, segments=tuple(r.info for r in recs), name=recs[-1].name, comments=tuple(r.comment for r in recs)
         )
     return out
-
-
-def gpu_hours_disagreement(slurm_gpu_hours: float | None, job_gpu_hours: float | None) -> float | None:
-    """|slurm - job| / slurm, or None when either figure is missing; over 0.01 is flagged in status."""
-    if slurm_gpu_hours is None or job_gpu_hours is None:
-        return None
-    if slurm_gpu_hours == 0:
-        return 0.0 if job_gpu_hours == 0 else float("inf")
-    return abs(slurm_gpu_hours - job_gpu_hours) / slurm_gpu_hours
 
 
 Runner = Callable[[Sequence[str]], str]

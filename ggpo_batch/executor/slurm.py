@@ -23,19 +23,19 @@ from typing import Any
 import submitit
 from submitit.helpers import DelayedSubmission
 
+from ..allocation import PREEMPTED_EXIT_CODE, alloc_start_export, record_path
 from ..errors import ExecutorError
 from ..runspec import RunSpec
-from .base import Executor, JobInfo, job_name
+from .base import Executor, JobAccount, JobInfo, job_name
 from .profile import SlurmProfile
-from .sacct import JobAccount, Runner, Sacct, normalize_state, run_command
+from .sacct import Runner, Sacct, normalize_state, run_command
 
 log = logging.getLogger(__name__)
-ALLOC_START_LINE = "export GGPO_ALLOC_START=$EPOCHREALTIME"  # bash 5: the batch script is #!/bin/bash
+ALLOC_START_LINE = alloc_start_export("$EPOCHREALTIME")  # bash 5: the batch script is #!/bin/bash
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
 _UNSAFE_KEY_CHARS = re.compile(r"[^A-Za-z0-9_./-]")
-RECORD_NAME = "record.json"  # the attempt's result record, where ggpo_batch.settlement reads it
 _JOB_ID = re.compile(r"^[0-9]+(_[0-9]+)?$")
 
 
@@ -44,9 +44,6 @@ def job_comment(run_key: str, attempt: int) -> str:
     return f"ggpo:{_UNSAFE_KEY_CHARS.sub('_', run_key)[:200]}:{int(attempt)}"
 
 
-# Exit status of a preempted attempt that may not be requeued (EX_TEMPFAIL, as the training job's
-# own `Preempted`); `poll` reports such a job PREEMPTED, not FAILED, so the ledger books the cause.
-PREEMPTED_EXIT_CODE = 75
 # submitit judges "timeout or preemption" by elapsed time and, for limits under ~50 min, calls
 # every signal a timeout; its countdown is therefore disabled and Requeueable decides instead.
 _SUBMITIT_TIMEOUT_COUNTDOWN = 1_000_000
@@ -174,7 +171,7 @@ class SlurmExecutor(Executor):
         from .payload import make_payload
 
         folder = Path(folder)
-        payload = make_payload(spec, folder / RECORD_NAME)
+        payload = make_payload(spec, record_path(folder))
         return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries)
 
     def submit_callable(

@@ -21,5 +21,13 @@ class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords):
     """
 
 
-__all__ = ["Ledger", "NewRun", "QuotaExceeded", "connect", "upgrade", "downgrade", "current_revision",
-           "head_revision"]
+__all__ = [
+    "Ledger",
+    "NewRun",
+    "QuotaExceeded",
+    "connect",
+    "current_revision",
+    "downgrade",
+    "head_revision",
+    "upgrade",
+]

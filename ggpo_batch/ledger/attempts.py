@@ -3,14 +3,16 @@ GPU quota checked in the same transaction."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Mapping
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from ..errors import LedgerError
-from .core import ATTEMPT_FINAL, LedgerCore
+from ..states import ATTEMPT_FINAL, IN_FLIGHT_ATTEMPT_STATES, UNSUBMITTED_ATTEMPT_END
+from .core import LedgerCore
 from .schema import (
     Attempt,
     Experiment,
@@ -71,7 +73,7 @@ class AttemptTransitions(LedgerCore):
     def _in_flight(s: Session, queue: str | None) -> int:
         q = (select(func.coalesce(func.sum(Attempt.gpus), 0)).join(Run, Run.id == Attempt.run_id)
              .join(Experiment, Experiment.id == Run.experiment_id)
-             .where(Attempt.state.in_(("submitting", "submitted", "running"))))
+             .where(Attempt.state.in_(IN_FLIGHT_ATTEMPT_STATES)))
         if queue is not None:
             q = q.where(Experiment.queue == queue)
         return int(s.scalar(q) or 0)
@@ -91,7 +93,7 @@ class AttemptTransitions(LedgerCore):
             run, att = self._locked_attempt(s, run_key, number)
             if att.state != "submitting":
                 raise LedgerError(f"run {run_key} attempt {number} is {att.state}, not submitting")
-            if state not in ("lost", "failed"):
+            if state not in UNSUBMITTED_ATTEMPT_END:
                 raise LedgerError(f"an unsubmitted attempt ends lost or failed, not {state}")
             self._event(s, entity="attempt", from_state="submitting", to_state=state, actor=actor, reason=reason,
                         run=run, attempt=att)
@@ -214,7 +216,7 @@ class AttemptTransitions(LedgerCore):
         with self.session() as s:
             rows = s.execute(
                 select(Run, Attempt).join(Attempt, Attempt.run_id == Run.id)
-                .where(Attempt.state.in_(("submitting", "submitted", "running")))
+                .where(Attempt.state.in_(IN_FLIGHT_ATTEMPT_STATES))
                 .order_by(Attempt.id)
             ).all()
             return [(r, a) for r, a in rows]

@@ -1,4 +1,4 @@
-"""The ledger's base: sessions, the cross-process lock, the retry wrapper, the allowed run moves
+"""The ledger's base: sessions, the cross-process lock, the retry wrapper, the checked run move
 and the event helper every transition uses. The transitions themselves live in the modules of
 `Ledger`'s parts (ledger.py, attempts.py, costs.py, components.py)."""
 
@@ -9,15 +9,17 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import LedgerError
+from ..states import REASON_TO_LEAVE, can_move
 from .schema import (
     Attempt,
     Event,
@@ -29,21 +31,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 _PROCESS_LOCKS: dict[str, threading.Lock] = {}
 
-# Allowed run transitions. Leaving a final state (back to queued) always needs a reason:
-# a manual retry, an accepted cost, or an infrastructure retry the spec allows.
-_RUN_MOVES: dict[str | None, frozenset[str]] = {
-    None: frozenset({"queued", "not_reproduced", "succeeded", "failed", "timeout", "cancelled", "lost"}),
-    "queued": frozenset({"submitted", "cancelled", "not_reproduced", "lost"}),
-    "submitted": frozenset({"running", "succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
-    "running": frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
-    "failed": frozenset({"queued"}),
-    "timeout": frozenset({"queued"}),
-    "lost": frozenset({"queued"}),
-    "cancelled": frozenset({"queued"}),
-    "not_reproduced": frozenset({"queued"}),
-    "succeeded": frozenset(),
-}
-ATTEMPT_FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "preempted", "node_fail"})
 
 
 @dataclass(frozen=True)
@@ -65,7 +52,7 @@ def _retrying(method: Callable[..., T]) -> Callable[..., T]:
     transaction, so a retry repeats it from the start and never half-applies it."""
 
     @functools.wraps(method)
-    def wrapper(self: "LedgerCore", *args: Any, **kwargs: Any) -> T:
+    def wrapper(self: LedgerCore, *args: Any, **kwargs: Any) -> T:
         deadline = time.monotonic() + self.retry_seconds
         delay = 0.25
         while True:
@@ -154,9 +141,9 @@ class LedgerCore:
 
     def _move(self, s: Session, run: Run, to: str, actor: str, reason: str | None,
               attempt: Attempt | None = None) -> None:
-        if to not in _RUN_MOVES[run.state]:
+        if not can_move(run.state, to):
             raise LedgerError(f"run {run.run_key}: cannot go from {run.state} to {to}")
-        if run.state in ("failed", "timeout", "lost", "cancelled", "not_reproduced") and not reason:
+        if run.state in REASON_TO_LEAVE and not reason:
             raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
         self._event(s, entity="run", from_state=run.state, to_state=to, actor=actor, reason=reason, run=run,
                     attempt=attempt)

@@ -4,14 +4,15 @@ and decisions that move runs in the same transaction."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import func, select, update
 
 from ..errors import LedgerError
+from ..states import UNFINISHED_RUN_STATES
 from .core import LedgerCore, NewRun
 from .schema import (
-    ACTIVE_RUN_STATES,
     Attempt,
     Decision,
     Experiment,
@@ -72,7 +73,7 @@ class CostRecords(LedgerCore):
                        .join(Run, Run.id == Attempt.run_id).join(Experiment, Experiment.id == Run.experiment_id))
             flight_q = (select(func.coalesce(func.sum(Run.estimated_gpu_hours), 0.0))
                         .join(Experiment, Experiment.id == Run.experiment_id)
-                        .where(Run.state.in_(("queued",) + ACTIVE_RUN_STATES)))
+                        .where(Run.state.in_(UNFINISHED_RUN_STATES)))
             if user is not None:
                 spent_q = spent_q.where(Experiment.created_by == user)
                 flight_q = flight_q.where(Experiment.created_by == user)

@@ -14,12 +14,12 @@ from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
-from ..config import redact
+from ..config import REPO_DIR, redact
 from ..errors import ConfigError, SchemaBehindError
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
+MIGRATIONS_DIR = REPO_DIR / "migrations"
 
 
 def normalise_url(url: str) -> str:

@@ -4,7 +4,8 @@ are attempts.py, costs.py and component_runs.py."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session, undefer

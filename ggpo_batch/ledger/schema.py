@@ -1,35 +1,33 @@
 """Ledger tables (SQLAlchemy 2). Alembic revisions in migrations/ create exactly these.
 
-Units: seconds for durations, GPU-hours for cost, UTC for times. Run and attempt states are
-changed only through `Ledger` transitions, each of which appends an `events` row.
+Units: seconds for durations, GPU-hours for cost, UTC for times. Run and attempt states
+(`ggpo_batch.states`) are changed only through `Ledger` transitions, each of which appends an
+`events` row.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
-from typing import Any, Optional
+from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-RUN_STATES = (
-    "queued",
-    "submitted",
-    "running",
-    "succeeded",
-    "failed",
-    "timeout",
-    "cancelled",
-    "lost",
-    "not_reproduced",
-)
-ACTIVE_RUN_STATES = ("submitted", "running")
-FINAL_RUN_STATES = ("succeeded", "failed", "timeout", "cancelled", "lost", "not_reproduced")
-
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator):
@@ -38,17 +36,17 @@ class UTCDateTime(TypeDecorator):
     impl = DateTime(timezone=True)
     cache_ok = True
 
-    def process_bind_param(self, value: Optional[datetime], dialect: Any) -> Optional[datetime]:
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to the ledger; use timezone-aware UTC")
-        return value.astimezone(timezone.utc)
+        return value.astimezone(UTC)
 
-    def process_result_value(self, value: Optional[datetime], dialect: Any) -> Optional[datetime]:
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -64,17 +62,17 @@ class Experiment(Base):
     version: Mapped[int] = mapped_column(Integer, default=1)
     method: Mapped[str] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(String(16))  # spec | import
-    source_path: Mapped[Optional[str]] = mapped_column(Text)
+    source_path: Mapped[str | None] = mapped_column(Text)
     spec_hash: Mapped[str] = mapped_column(String(64))
     # Deferred: a big spec (1,000 seeds) must not be decoded for every run row that joins it.
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
-    queue: Mapped[Optional[str]] = mapped_column(String(64))
+    queue: Mapped[str | None] = mapped_column(String(64))
     gpus: Mapped[int] = mapped_column(Integer)
-    max_gpu_hours: Mapped[Optional[float]] = mapped_column(Float)
+    max_gpu_hours: Mapped[float | None] = mapped_column(Float)
     created_by: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-    runs: Mapped[list["Run"]] = relationship(back_populates="experiment", order_by="Run.id")
+    runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
 
 
 class Run(Base):
@@ -90,15 +88,15 @@ class Run(Base):
     config_hash: Mapped[str] = mapped_column(String(64))
     run_spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     retries_allowed: Mapped[int] = mapped_column(Integer, default=0)
-    estimated_gpu_hours: Mapped[Optional[float]] = mapped_column(Float)
-    cause: Mapped[Optional[str]] = mapped_column(Text)
-    worker: Mapped[Optional[str]] = mapped_column(String(200))
-    result: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
+    estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
+    cause: Mapped[str | None] = mapped_column(Text)
+    worker: Mapped[str | None] = mapped_column(String(200))
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs", lazy="joined", innerjoin=True)
-    attempts: Mapped[list["Attempt"]] = relationship(back_populates="run", order_by="Attempt.number", lazy="selectin")
+    attempts: Mapped[list[Attempt]] = relationship(back_populates="run", order_by="Attempt.number", lazy="selectin")
 
 
 class Attempt(Base):
@@ -111,23 +109,23 @@ class Attempt(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)
     executor: Mapped[str] = mapped_column(String(16))
-    job_id: Mapped[Optional[str]] = mapped_column(String(64), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16))
-    scheduler_state: Mapped[Optional[str]] = mapped_column(String(32))
-    reason: Mapped[Optional[str]] = mapped_column(Text)
+    scheduler_state: Mapped[str | None] = mapped_column(String(32))
+    reason: Mapped[str | None] = mapped_column(Text)
     submitted_by: Mapped[str] = mapped_column(String(128))
-    worker: Mapped[Optional[str]] = mapped_column(String(200))
+    worker: Mapped[str | None] = mapped_column(String(200))
     gpus: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    submitted_at: Mapped[Optional[datetime]] = mapped_column()
-    started_at: Mapped[Optional[datetime]] = mapped_column()
-    ended_at: Mapped[Optional[datetime]] = mapped_column()
-    elapsed_seconds: Mapped[Optional[float]] = mapped_column(Float)
+    submitted_at: Mapped[datetime | None] = mapped_column()
+    started_at: Mapped[datetime | None] = mapped_column()
+    ended_at: Mapped[datetime | None] = mapped_column()
+    elapsed_seconds: Mapped[float | None] = mapped_column(Float)
     # The job's own figure (gpus x its elapsed through evaluation) and the scheduler's
     # (AllocTRES gres/gpu x ElapsedRaw), kept side by side so a disagreement is visible.
-    gpu_hours_job: Mapped[Optional[float]] = mapped_column(Float)
-    gpu_hours_scheduler: Mapped[Optional[float]] = mapped_column(Float)
-    exit_code: Mapped[Optional[str]] = mapped_column(String(32))
+    gpu_hours_job: Mapped[float | None] = mapped_column(Float)
+    gpu_hours_scheduler: Mapped[float | None] = mapped_column(Float)
+    exit_code: Mapped[str | None] = mapped_column(String(32))
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 
@@ -139,14 +137,14 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     at: Mapped[datetime] = mapped_column(default=utcnow)
-    experiment_id: Mapped[Optional[int]] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
-    run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    attempt_id: Mapped[Optional[int]] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
     entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision
-    from_state: Mapped[Optional[str]] = mapped_column(String(32))
+    from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
     actor: Mapped[str] = mapped_column(String(128))
-    reason: Mapped[Optional[str]] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Decision(Base):
@@ -155,20 +153,20 @@ class Decision(Base):
     __tablename__ = "decisions"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    experiment_id: Mapped[Optional[int]] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     experiment_name: Mapped[str] = mapped_column(String(128), index=True)
     kind: Mapped[str] = mapped_column(String(32))  # not_reproduced_high_cost | cost_accepted
-    estimated_gpu_hours: Mapped[Optional[float]] = mapped_column(Float)
-    cap_gpu_hours: Mapped[Optional[float]] = mapped_column(Float)
-    cost_basis: Mapped[Optional[str]] = mapped_column(Text)
-    cost_type: Mapped[Optional[str]] = mapped_column(Text)
-    available_budget: Mapped[Optional[str]] = mapped_column(Text)
-    resolution: Mapped[Optional[str]] = mapped_column(Text)
+    estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
+    cap_gpu_hours: Mapped[float | None] = mapped_column(Float)
+    cost_basis: Mapped[str | None] = mapped_column(Text)
+    cost_type: Mapped[str | None] = mapped_column(Text)
+    available_budget: Mapped[str | None] = mapped_column(Text)
+    resolution: Mapped[str | None] = mapped_column(Text)
     review_done: Mapped[bool] = mapped_column(Boolean, default=False)
     automatic_retry: Mapped[bool] = mapped_column(Boolean, default=False)
     decided_by: Mapped[str] = mapped_column(String(128))
     decided_at: Mapped[datetime] = mapped_column(default=utcnow)
-    reason: Mapped[Optional[str]] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Artifact(Base):
@@ -179,8 +177,8 @@ class Artifact(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     kind: Mapped[str] = mapped_column(String(32))  # run_record | component_record | plot | ...
-    run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
-    component_run_id: Mapped[Optional[int]] = mapped_column(ForeignKey("component_runs.id", ondelete="CASCADE"))
+    run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    component_run_id: Mapped[int | None] = mapped_column(ForeignKey("component_runs.id", ondelete="CASCADE"))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -196,10 +194,10 @@ class ComponentRun(Base):
     night: Mapped[str] = mapped_column(String(10))  # YYYY-MM-DD the run is for (the once-per-night guard)
     state: Mapped[str] = mapped_column(String(16))  # claimed | succeeded | failed
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
-    finished_at: Mapped[Optional[datetime]] = mapped_column()
-    seconds: Mapped[Optional[float]] = mapped_column(Float)
-    commit: Mapped[Optional[str]] = mapped_column(String(64))
-    dirty: Mapped[Optional[bool]] = mapped_column(Boolean)
-    record: Mapped[Optional[dict[str, Any]]] = mapped_column(JSON)
-    error: Mapped[Optional[str]] = mapped_column(Text)
+    finished_at: Mapped[datetime | None] = mapped_column()
+    seconds: Mapped[float | None] = mapped_column(Float)
+    commit: Mapped[str | None] = mapped_column(String(64))
+    dirty: Mapped[bool | None] = mapped_column(Boolean)
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    error: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(128))

@@ -81,13 +81,7 @@ def load_file(path: Path, *, corpus_id: str, expected_sha256: str | None, max_by
     return Corpus(id=corpus_id, data=data, sha256=digest, source_url=source_url, path=path)
 
 
-_WORDS = (
-    "the of and to in that is was he for it with as his on be at by had not are but from or have an they "
-    "which one you were her all she there would their we him been has when who will more no if out so said "
-    "what up its about into than them can only other new some could time these two may then do first any my "
-    "now such like our over man me even most made after also did many before must through back years where "
-    "much your way well down should because each just those people how too little state good very make world"
-).split()
+_WORDS = ["the", "of", "and", "to", "in", "that", "is", "was", "he", "for", "it", "with", "as", "his", "on", "be", "at", "by", "had", "not", "are", "but", "from", "or", "have", "an", "they", "which", "one", "you", "were", "her", "all", "she", "there", "would", "their", "we", "him", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world"]
 
 
 def generate_corpus(n_bytes: int, seed: int = 0) -> bytes:
@@ -147,7 +141,7 @@ class ByteSplit:
 
     @classmethod
     def of(cls, corpus: Corpus, fractions: tuple[float, float, float] = (0.8, 0.1, 0.1),
-           min_range: int = 64) -> "ByteSplit":
+           min_range: int = 64) -> ByteSplit:
         ranges = byte_ranges(len(corpus.data), fractions)
         for name, (lo, hi) in ranges.items():
             if hi - lo < min_range:

@@ -19,9 +19,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..train.ggpo import GgpoConfig, ggpo_loss, group_advantages, token_logprobs
+from ..train.ggpo import ggpo_loss, group_advantages, token_logprobs
 from .corpus import ByteSplit
-from .policy import EOS, BytePolicy, PolicyConfig, flat_parameters, nll, parameter_delta_l2, sample
+from .policy import (
+    EOS,
+    BytePolicy,
+    PolicyConfig,
+    flat_parameters,
+    nll,
+    parameter_delta_l2,
+    sample,
+)
 from .suite import Budgets, GgpoTierConfig
 
 log = logging.getLogger(__name__)
@@ -80,8 +88,7 @@ def run_seed(seed: int, split: ByteSplit, budgets: Budgets, gcfg: GgpoTierConfig
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
     served_before = len(split.served)
-    config = GgpoConfig(group_size=gcfg.group_size, clip_epsilon=gcfg.clip_epsilon, kl_coef=gcfg.kl_coef,
-                        reference_refresh_steps=gcfg.reference_refresh_steps)
+    config = gcfg.ggpo
     val = split.heldout_chunks("validation", budgets.eval_chunk_bytes)
     test = split.heldout_chunks("test", budgets.eval_chunk_bytes)
 
@@ -89,11 +96,13 @@ def run_seed(seed: int, split: ByteSplit, budgets: Budgets, gcfg: GgpoTierConfig
     _fit_nll(teacher, split, budgets.teacher_steps, budgets, gen)
     teacher.requires_grad_(False)
     specialist = copy.deepcopy(teacher).requires_grad_(True)
+    specialist.sampled_tokens = 0  # the counter is not a weight: a copy's own sampling counts from zero
     _fit_nll(specialist, split, budgets.specialist_steps, budgets, gen)
     specialist.requires_grad_(False)
     frozen = [(teacher, flat_parameters(teacher)), (specialist, flat_parameters(specialist))]
 
     student = copy.deepcopy(specialist).requires_grad_(True)
+    student.sampled_tokens = 0  # so the teacher's sampling, if any, is never booked as the student's
     behaviour, reference = _frozen_copy(student), _frozen_copy(student)
     start = flat_parameters(student)
     snapshots = [(_frozen_copy(student), start)]

@@ -6,8 +6,9 @@ Pure data (dicts) from the ledger's component-run rows, so the CLI prints a tabl
 
 from __future__ import annotations
 
-from datetime import date, datetime, time, timedelta, timezone
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
 
 from .component_record import FACT_CHECKS
 from .schedule import missed_nights
@@ -47,8 +48,8 @@ def _failed_checks(record: Mapping[str, Any] | None) -> list[str]:
 def component_status(ledger: Any, *, cron: str, nights: int = 14, threshold: float = 0.1,
                      now: datetime | None = None, methods: Sequence[str] | None = None) -> dict[str, Any]:
     """Rows (newest first) for the last `nights` nights, with moved metrics and missed nights per method."""
-    now = now or datetime.now(timezone.utc)
-    start = datetime.combine(now.date() - timedelta(days=nights), time.max, tzinfo=timezone.utc)
+    now = now or datetime.now(UTC)
+    start = datetime.combine(now.date() - timedelta(days=nights), time.max, tzinfo=UTC)
     runs = ledger.component_runs(limit=max(50, nights * 10))
     by_method: dict[str, list[Any]] = {}
     for r in runs:
@@ -78,7 +79,7 @@ def component_status(ledger: Any, *, cron: str, nights: int = 14, threshold: flo
         # Nights before the method's first recorded night predate its schedule: not missed. A method
         # that never ran at all shows the whole window as missed, so that is never silent either.
         first = min(ran) if ran else None
-        since = max(start, datetime.combine(first, time.min, tzinfo=timezone.utc)) if first else start
+        since = max(start, datetime.combine(first, time.min, tzinfo=UTC)) if first else start
         out_methods.append({
             "method": method,
             "nights": list(reversed(recent)),

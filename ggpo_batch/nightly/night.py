@@ -13,10 +13,11 @@ import argparse
 import logging
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import date, datetime, timezone
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..errors import GgpoError
 from .suite import DEFAULT_SUITE, Suite, load_suite
@@ -53,8 +54,11 @@ def run_method_night(ledger: Any, *, suite: Suite, method: str, night: date, act
     claim, so a mistyped manual run cannot use up a night.
     """
     from .corpus import load_corpus
-    from .runner import METHODS, run_nightly  # torch is imported only where the tier really runs
     from .provenance import sha256_path
+    from .runner import (  # torch is imported only where the tier really runs
+        METHODS,
+        run_nightly,
+    )
 
     if method not in METHODS:
         raise GgpoError(f"--methods: unknown method {method!r} (known: {', '.join(sorted(METHODS))})")
@@ -104,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Run one night of the nightly CPU suite (no queue).")
     ap.add_argument("--suite", type=Path, default=DEFAULT_SUITE)
     ap.add_argument("--output-dir", type=Path, required=True)
-    ap.add_argument("--night", type=date.fromisoformat, default=datetime.now(timezone.utc).date())
+    ap.add_argument("--night", type=date.fromisoformat, default=datetime.now(UTC).date())
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()

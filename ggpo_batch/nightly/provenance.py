@@ -7,13 +7,13 @@ import hashlib
 import logging
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable
+
+from ..config import REPO_DIR
 
 log = logging.getLogger(__name__)
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def sha256_path(path: Path) -> str:
@@ -28,7 +28,7 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def executed_sources(package: str = "ggpo_batch", root: Path = REPO_ROOT,
+def executed_sources(package: str = "ggpo_batch", root: Path = REPO_DIR,
                      extra: Iterable[Path] = ()) -> dict[str, str]:
     """sha256 of each loaded module file of `package` (plus `extra` files), keyed by repo-relative path."""
     files: set[Path] = {Path(p).resolve() for p in extra}
@@ -48,12 +48,12 @@ def executed_sources(package: str = "ggpo_batch", root: Path = REPO_ROOT,
     return out
 
 
-def git_commit(root: Path = REPO_ROOT) -> str | None:
+def git_commit(root: Path = REPO_DIR) -> str | None:
     out = _git(root, "rev-parse", "HEAD")
     return out.strip() if out else None
 
 
-def uncommitted(paths: Iterable[str], root: Path = REPO_ROOT) -> bool | None:
+def uncommitted(paths: Iterable[str], root: Path = REPO_DIR) -> bool | None:
     """True when any of `paths` differs from HEAD or is untracked; None when git cannot tell."""
     rel = [p for p in paths if not Path(p).is_absolute()]
     if not rel:

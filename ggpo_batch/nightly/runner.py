@@ -9,20 +9,25 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
+from ..config import REPO_DIR
 from ..errors import GgpoError
 from ..train import ggpo as ggpo_module
-from ..train.ggpo import GgpoConfig
 from . import ggpo_tier
-from .checks import NOT_APPLICABLE, extreme_finite_padding_zero_gradients, oversized_corpus_rejected_before_read
+from .checks import (
+    NOT_APPLICABLE,
+    extreme_finite_padding_zero_gradients,
+    oversized_corpus_rejected_before_read,
+)
+from .component_record import SCHEMA_VERSION, aggregate, check_component_record
 from .corpus import ByteSplit, Corpus, load_corpus
 from .policy import PolicyConfig
-from .provenance import REPO_ROOT, executed_sources, git_commit, sha256_path, uncommitted
-from .component_record import SCHEMA_VERSION, aggregate, check_component_record
+from .provenance import executed_sources, git_commit, sha256_path, uncommitted
 from .suite import Suite, load_suite
 from .watch import watching
 
@@ -37,7 +42,7 @@ CLAIM_POLICY = "actual component execution only; not paper benchmark, capability
 
 def _rel(path: Path) -> str:
     try:
-        return path.resolve().relative_to(REPO_ROOT).as_posix()
+        return path.resolve().relative_to(REPO_DIR).as_posix()
     except ValueError:
         return str(path)
 
@@ -144,10 +149,7 @@ def run_method(method: str, *, suite: Suite, seeds: Sequence[int], corpus: Corpu
             outcomes.append(runner(seed, split, suite.budgets, suite.ggpo, suite.width))
             per_seed_seconds.append(round(time.perf_counter() - t, 4))
     tc = time.perf_counter()
-    g = suite.ggpo
-    padding_ok = extreme_finite_padding_zero_gradients(
-        GgpoConfig(group_size=g.group_size, clip_epsilon=g.clip_epsilon, kl_coef=g.kl_coef,
-                   reference_refresh_steps=g.reference_refresh_steps))
+    padding_ok = extreme_finite_padding_zero_gradients(suite.ggpo.ggpo)
     oversized_ok = oversized_corpus_rejected_before_read(suite.corpus.max_bytes)
     checks_seconds = time.perf_counter() - tc
     checks = _checks(outcomes, len(seen.checkpoints_opened()), len(seen.connections), oversized_ok, padding_ok)

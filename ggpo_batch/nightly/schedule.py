@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import logging
 import shlex
-from datetime import date, datetime, timezone
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from croniter import croniter
 from redis import Redis
@@ -32,12 +33,12 @@ def night_of(moment: datetime) -> date:
     """The night a run belongs to: the UTC calendar date of its (scheduled) start."""
     if moment.tzinfo is None:
         raise ValueError("night_of needs an aware datetime")
-    return moment.astimezone(timezone.utc).date()
+    return moment.astimezone(UTC).date()
 
 
 def next_run_after(cron: str, moment: datetime) -> datetime:
     """The next scheduled start strictly after `moment`, in UTC."""
-    return croniter(cron, moment.astimezone(timezone.utc)).get_next(datetime)
+    return croniter(cron, moment.astimezone(UTC)).get_next(datetime)
 
 
 def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
@@ -56,10 +57,10 @@ def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
     if job is None:
         raise RuntimeError("nightly_job runs inside an RQ job; call components.night.run_night otherwise")
     suite = load_suite(Path(suite_path))
-    the_night = date.fromisoformat(night) if night else night_of(job.enqueued_at or datetime.now(timezone.utc))
+    the_night = date.fromisoformat(night) if night else night_of(job.enqueued_at or datetime.now(UTC))
     if reschedule:
-        after = datetime.combine(the_night, datetime.max.time(), tzinfo=timezone.utc)
-        enqueue_next_night(job.connection, suite, Path(output_dir), now=max(after, datetime.now(timezone.utc)))
+        after = datetime.combine(the_night, datetime.max.time(), tzinfo=UTC)
+        enqueue_next_night(job.connection, suite, Path(output_dir), now=max(after, datetime.now(UTC)))
     settings = load_settings()
     command = " ".join(shlex.quote(x) for x in (
         "rq-job", job.id, f"{__name__}.nightly_job", suite_path, output_dir, the_night.isoformat()))
@@ -92,7 +93,7 @@ def enqueue_next_night(connection: Redis, suite: Suite, output_dir: Path,
     The job id names the suite and the night, so scheduling the same night twice keeps one
     scheduled entry instead of adding a second; the ledger claim still guards the run itself.
     """
-    at = next_run_after(suite.schedule.cron, now or datetime.now(timezone.utc))
+    at = next_run_after(suite.schedule.cron, now or datetime.now(UTC))
     the_night = night_of(at)
     queue = Queue(suite.schedule.queue, connection=connection)
     return queue.enqueue_at(at, nightly_job, job_id=f"ggpo-nightly-{suite.name}-{the_night.isoformat()}",
@@ -104,8 +105,8 @@ def enqueue_next_night(connection: Redis, suite: Suite, output_dir: Path,
 def expected_nights(cron: str, start: datetime, end: datetime) -> list[date]:
     """The nights the schedule should have run in (start, end]."""
     nights: set[date] = set()
-    it = croniter(cron, start.astimezone(timezone.utc))
-    while (t := it.get_next(datetime)) <= end.astimezone(timezone.utc):
+    it = croniter(cron, start.astimezone(UTC))
+    while (t := it.get_next(datetime)) <= end.astimezone(UTC):
         nights.add(night_of(t))
     return sorted(nights)
 

@@ -4,14 +4,17 @@ schedule and the full-experiment decision that the record carries. Parsed once, 
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
+from ..config import REPO_DIR
 from ..errors import SpecError
+from ..train.ggpo_config import GgpoConfig
 from .corpus import CorpusSource
 
-DEFAULT_SUITE = Path(__file__).resolve().parents[2] / "jobs" / "nightly-cpu.toml"
+DEFAULT_SUITE = REPO_DIR / "jobs" / "nightly-cpu.toml"
 TIERS = ("l1_mechanism",)
 
 
@@ -32,11 +35,9 @@ class Budgets:
 
 
 @dataclass(frozen=True)
-class GgpoTierConfig:
-    group_size: int = 4
-    clip_epsilon: float = 0.2
-    kl_coef: float = 0.02
-    reference_refresh_steps: int = 2
+class GgpoTierConfig(GgpoConfig):
+    """The suite's `[ggpo]`: the method's hyperparameters plus the tier's own draw limit."""
+
     max_group_draws_per_step: int = 4
 
 
@@ -85,7 +86,11 @@ def _typed(cls: type, values: Mapping[str, Any], path: Path, table: str) -> Any:
             raise SpecError(path, f"{table}.{key}", f"must be {want.__name__}, got {val!r}")
         if want in (int, float) and val <= 0 and key != "kl_coef":
             raise SpecError(path, f"{table}.{key}", f"must be > 0, got {val!r}")
-    return cls(**{k: (float(v) if type(fields[k].default) is float else v) for k, v in values.items()})
+    try:
+        return cls(**{k: (float(v) if type(fields[k].default) is float else v) for k, v in values.items()})
+    except ValueError as exc:  # the config's own checks (GgpoConfig): "<field> <what is wrong>"
+        key, _, problem = str(exc).partition(" ")
+        raise SpecError(path, f"{table}.{key}", problem) from None
 
 
 def load_suite(path: Path = DEFAULT_SUITE) -> Suite:

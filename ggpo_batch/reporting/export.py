@@ -10,8 +10,9 @@ from __future__ import annotations
 import csv
 import json
 import logging
+from collections.abc import Iterable, Sequence
 from datetime import datetime
-from typing import Any, Iterable, Sequence, TextIO
+from typing import Any, TextIO
 
 from ..accounting import attempt_gpu_hours, disagrees
 from ..errors import LedgerError

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import SpecError
+from .ggpo_config import GgpoConfig
 
 ROLLOUT_BACKENDS = ("torch", "vllm")
 TASKS = ("synthetic", "jsonl")
@@ -19,8 +20,10 @@ PRECISIONS = ("auto", "fp32", "bf16")
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """Everything the training job needs beyond the arm, seed and budget of the run spec."""
+class TrainConfig(GgpoConfig):
+    """Everything the training job needs beyond the arm, seed and budget of the run spec; the ggpo
+    hyperparameters (group_size, clip_epsilon, kl_coef, reference_refresh_steps, advantage_eps)
+    come from GgpoConfig."""
 
     # Policy model: a GPT-2 built from this config (byte-level vocabulary, no download).
     n_embd: int = 64
@@ -28,7 +31,6 @@ class TrainConfig:
     n_head: int = 2
     n_positions: int = 512
     # Rollouts.
-    group_size: int = 4  # G rollouts per prompt
     prompts_per_step: int = 4  # groups per step, over all ranks (split evenly)
     exposures_per_step: int = 2  # exposure slots per step in exposure arms
     max_new_tokens: int = 16  # per generation call (turn)
@@ -41,10 +43,6 @@ class TrainConfig:
     precision: str = "auto"  # bf16 on GPU, fp32 on CPU
     lr: float = 1e-3
     grad_clip: float = 1.0
-    clip_epsilon: float = 0.2
-    kl_coef: float = 0.02
-    reference_refresh_steps: int = 4
-    advantage_eps: float = 1e-6
     aux_coef: float = 1.0
     max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
@@ -60,15 +58,8 @@ class TrainConfig:
     passage_max_bytes: int = 64
     eval_size: int = 16
 
-    @property
-    def ggpo_kwargs(self) -> dict[str, Any]:
-        return {
-            "group_size": self.group_size,
-            "clip_epsilon": self.clip_epsilon,
-            "kl_coef": self.kl_coef,
-            "reference_refresh_steps": self.reference_refresh_steps,
-            "advantage_eps": self.advantage_eps,
-        }
+    def __post_init__(self) -> None:
+        pass  # validated by from_table with the spec's path in every message (`_validate`)
 
     def to_table(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,8 +84,10 @@ class TrainConfig:
         def bad(key: str, problem: str) -> None:
             raise SpecError(path, f"train.{key}", problem)
 
+        for key, problem in self.ggpo_problems():
+            bad(key, problem)
         for key in ("n_embd", "n_layer", "n_head", "n_positions", "prompts_per_step", "max_new_tokens",
-                    "max_turns", "reference_refresh_steps", "retrieval_top_k", "passage_max_bytes",
+                    "max_turns", "retrieval_top_k", "passage_max_bytes",
                     "eval_size", "synthetic_entities", "synthetic_eval_items"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
@@ -103,11 +96,7 @@ class TrainConfig:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
         if self.n_embd % self.n_head:
             bad("n_head", f"must divide n_embd={self.n_embd}")
-        if self.group_size < 2:
-            bad("group_size", "must be >= 2: a group of one has no relative signal")
-        if not 0 < self.clip_epsilon < 1:
-            bad("clip_epsilon", "must be in (0, 1)")
-        for key in ("kl_coef", "aux_coef", "grad_clip", "advantage_eps"):
+        for key in ("aux_coef", "grad_clip"):
             if getattr(self, key) < 0:
                 bad(key, "must be >= 0")
         if self.lr <= 0:

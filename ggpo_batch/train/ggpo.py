@@ -24,26 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class GgpoConfig:
-    """Hyperparameters of the ggpo update."""
-
-    group_size: int = 8
-    clip_epsilon: float = 0.2
-    kl_coef: float = 0.02
-    reference_refresh_steps: int = 1
-    advantage_eps: float = 1e-6
-
-    def __post_init__(self) -> None:
-        if self.group_size < 2:
-            raise ValueError("group_size must be >= 2: a group of one has no relative signal")
-        if not 0 < self.clip_epsilon < 1:
-            raise ValueError("clip_epsilon must be in (0, 1)")
-        if self.kl_coef < 0:
-            raise ValueError("kl_coef must be >= 0")
-        if self.reference_refresh_steps < 1:
-            raise ValueError("reference_refresh_steps must be >= 1")
+from .ggpo_config import GgpoConfig
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,10 @@ from typing import Any
 
 import submitit
 
+from ..allocation import PREEMPTED_EXIT_CODE, allocation_start
 from ..errors import GgpoError
 from ..netutil import free_port
-from ..run_record import require_valid, run_key
+from ..run_record import entry_key, require_valid
 from ..runspec import RunSpec
 from .config import TrainConfig
 
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 class Preempted(GgpoError):
     """The job checkpointed on a preemption signal and stopped; rerun it to resume."""
 
-    exit_code = 75
+    exit_code = PREEMPTED_EXIT_CODE
 
 
 def _distributed_env() -> tuple[int, int, int, bool]:
@@ -52,21 +53,6 @@ def _distributed_env() -> tuple[int, int, int, bool]:
         os.environ.setdefault("MASTER_PORT", "29500")
         return (int(os.environ["RANK"]), int(os.environ.get("WORLD_SIZE", "1")),
                 int(os.environ.get("LOCAL_RANK", "0")), False)
-
-
-ALLOC_START_ENV = "GGPO_ALLOC_START"
-
-
-def allocation_start() -> float:
-    """When this allocation began (epoch s): the executor's batch script exports it as its first
-    line, so the job's own GPU-hours include interpreter and torch start-up, as Slurm's do."""
-    raw = os.environ.get(ALLOC_START_ENV, "")
-    try:
-        start = float(raw)
-    except ValueError:
-        return time.time()
-    now = time.time()
-    return start if 0 <= now - start < 7 * 24 * 3600 else now
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -158,9 +144,9 @@ class TrainingJob(submitit.helpers.Checkpointable):
             dist.broadcast_object_list(shared, src=0)  # every rank returns rank 0's record (its clocks)
             record = shared[0]
             if rank == 0:
-                require_valid(run_key(spec.seed, spec.arm.name), record)
+                require_valid(entry_key(spec.seed, spec.arm.name), record)
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
-                           "audit": {"steps_checked": audit.steps_checked, "problems": audit.problems},
+                           "audit": audit.details(),
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
                            "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
                            "rank_policy_sha256": rank_digests}

@@ -1,4 +1,5 @@
-"""Rollout backends behind one small interface: the torch sampler here, vLLM in `vllm_backend`.
+"""Rollout backends behind one small interface: the torch sampler here, vLLM in `vllm_backend`
+(`backends.make_backend` chooses).
 
 A backend samples one continuation per prompt from the *behaviour* policy and returns the tokens
 with their log-probs; after each update the trainer pushes the new weights (`sync_weights`).
@@ -91,12 +92,3 @@ class TorchSampler(RolloutBackend):
                              past_key_values=past, use_cache=True)
             past, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1
         return [Generation(tuple(t), tuple(l)) for t, l in zip(toks, lps)]
-
-
-def make_backend(kind: str, model: torch.nn.Module, **vllm_options: object) -> RolloutBackend:
-    """The configured backend over `model`, the behaviour copy (vLLM serves a saved copy of it)."""
-    if kind == "torch":
-        return TorchSampler(model)
-    from .vllm_backend import VllmBackend
-
-    return VllmBackend(model, **vllm_options)

@@ -1,0 +1,74 @@
+"""The run and attempt state machine: every state, the moves allowed between them, the named
+sets other modules ask about, and the scheduler's vocabulary mapped onto it. Pure data: the
+ledger enforces the moves, settlement decides them, executors report scheduler states.
+
+A run: queued -> submitted -> running -> succeeded | failed | timeout | cancelled | lost, or
+not_reproduced (decided before any GPU was spent). An attempt (one allocation): submitting ->
+submitted -> running -> one of ATTEMPT_FINAL.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+RUN_STATES = ("queued", "submitted", "running", "succeeded", "failed", "timeout", "cancelled", "lost",
+              "not_reproduced")
+# A run that may hold or be waiting for an allocation, or be waiting on the queue.
+UNFINISHED_RUN_STATES = frozenset({"queued", "submitted", "running"})
+# Cancel acts on these; retry (by hand) on RETRYABLE_RUN_STATES.
+CANCELLABLE_RUN_STATES = UNFINISHED_RUN_STATES
+RETRYABLE_RUN_STATES = ("failed", "timeout", "lost", "cancelled")
+# Leaving one of these (back to queued) always needs a reason: a manual retry, an accepted cost,
+# or an infrastructure retry the spec allows.
+REASON_TO_LEAVE = frozenset({"failed", "timeout", "lost", "cancelled", "not_reproduced"})
+
+RUN_MOVES: Mapping[str | None, frozenset[str]] = {
+    None: frozenset({"queued", "not_reproduced", "succeeded", "failed", "timeout", "cancelled", "lost"}),
+    "queued": frozenset({"submitted", "cancelled", "not_reproduced", "lost"}),
+    "submitted": frozenset({"running", "succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
+    "running": frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
+    "failed": frozenset({"queued"}),
+    "timeout": frozenset({"queued"}),
+    "lost": frozenset({"queued"}),
+    "cancelled": frozenset({"queued"}),
+    "not_reproduced": frozenset({"queued"}),
+    "succeeded": frozenset(),
+}
+
+# Attempts that hold or wait for an allocation: they count against a queue's GPU quota.
+IN_FLIGHT_ATTEMPT_STATES = ("submitting", "submitted", "running")
+# Attempts with a job id the scheduler may still be running.
+LIVE_JOB_ATTEMPT_STATES = frozenset({"submitted", "running"})
+ATTEMPT_FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "preempted", "node_fail"})
+# Attempt ends caused by the infrastructure, not the training: the only ones a spec may retry.
+INFRASTRUCTURE_ATTEMPT_STATES = frozenset({"preempted", "node_fail", "lost"})
+# An attempt that never reached a scheduler ends as one of these.
+UNSUBMITTED_ATTEMPT_END = frozenset({"lost", "failed"})
+
+# The scheduler's vocabulary (Slurm's names; local and debug executors map onto it).
+SCHEDULER_FINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
+                             "BOOT_FAIL", "DEADLINE", "LOST"})
+SCHEDULER_NODE_FAILURE = frozenset({"NODE_FAIL", "BOOT_FAIL"})
+SCHEDULER_INFRASTRUCTURE = frozenset({"PREEMPTED", "LOST"}) | SCHEDULER_NODE_FAILURE
+
+# Scheduler final state -> attempt final state (anything unknown: failed).
+ATTEMPT_STATE_OF: Mapping[str, str] = {
+    "COMPLETED": "succeeded", "FAILED": "failed", "OUT_OF_MEMORY": "failed", "TIMEOUT": "timeout",
+    "DEADLINE": "timeout", "CANCELLED": "cancelled", "PREEMPTED": "preempted", "NODE_FAIL": "node_fail",
+    "BOOT_FAIL": "node_fail", "LOST": "lost",
+}
+# Attempt final state -> the run's state when no retry follows.
+RUN_STATE_AFTER: Mapping[str, str] = {
+    "succeeded": "succeeded", "failed": "failed", "timeout": "timeout", "cancelled": "cancelled",
+    "preempted": "failed", "node_fail": "failed", "lost": "lost",
+}
+
+
+def attempt_state_of(scheduler_state: str) -> str:
+    """The attempt state a scheduler's final state books (unknown states are failures)."""
+    return ATTEMPT_STATE_OF.get(scheduler_state, "failed")
+
+
+def can_move(src: str | None, dst: str) -> bool:
+    """Is a run allowed to go from `src` (None: a new run) to `dst`?"""
+    return dst in RUN_MOVES[src]
