@@ -7,12 +7,31 @@ lives in one place. Units: seconds, GPU-hours, token counts.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
+from .accounting import gpu_hours
 from .errors import RecordError
 
+# The stamps, and the one status each becomes when the check behind it fails (README, the ggpo section).
+# training.status: the independent rollout audit (ggpo_batch/train/audit.py) found no problem / found some.
 TRAINING_STATUS_VALIDATED = "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
+TRAINING_STATUS_AUDIT_FAILED = "ROLLOUT_AUDIT_FAILED"
+# budget.status: reconciled only when the loop reached its time budget AND the arm its exposure target
+# (then, and only then, arms may be compared as matched); otherwise short of one or both.
 BUDGET_STATUS_RECONCILED = "BUDGET_AND_EXPOSURE_RECONCILED"
+BUDGET_STATUS_SHORT = "BUDGET_OR_EXPOSURE_TARGET_NOT_REACHED"
+
+
+def audit_failed(rec: Mapping[str, Any] | None) -> bool:
+    """Does a run record carry a training status other than the validated stamp (audit failed)?"""
+    status = (rec or {}).get("training", {}).get("status")
+    return status is not None and status != TRAINING_STATUS_VALIDATED
+
+
+def budget_reconciled(rec: Mapping[str, Any] | None) -> bool:
+    """Does a run record carry the reconciled budget stamp (its arms may be compared as matched)?"""
+    return bool(rec) and rec.get("budget", {}).get("status") == BUDGET_STATUS_RECONCILED
 
 RUN_KEYS = ("arm", "seed", "training", "budget", "timing")
 TRAINING_KEYS = ("status", "counts", "cost", "auxiliary_sources", "cost_limitations")
@@ -91,12 +110,7 @@ _REL_TOL = 1e-9
 _ABS_TOL = 1e-9
 
 
-def gpu_hours(gpus: int, seconds: float) -> float:
-    """Allocated GPU-hours: gpus x seconds / 3600 (queue time is never GPU time)."""
-    return gpus * seconds / 3600.0
-
-
-def run_key(seed: int, arm: str) -> str:
+def entry_key(seed: int, arm: str) -> str:
     """The key of a run in a results file: "<seed>/<arm>"."""
     return f"{seed}/{arm}"
 
@@ -136,8 +150,8 @@ def check_run_record(key: str, rec: Any) -> list[str]:
         p.append(f"{key}.seed must be an integer, got {seed!r}")
     if not isinstance(arm, str) or not arm:
         p.append(f"{key}.arm must be a non-empty string, got {arm!r}")
-    if not p and key != run_key(seed, arm):
-        p.append(f"{key}: key does not match seed/arm ({run_key(seed, arm)})")
+    if not p and key != entry_key(seed, arm):
+        p.append(f"{key}: key does not match seed/arm ({entry_key(seed, arm)})")
     blocks = {b: rec[b] for b in ("training", "budget", "timing")}
     for name, block in blocks.items():
         if not isinstance(block, Mapping):
@@ -164,7 +178,7 @@ def check_run_record(key: str, rec: Any) -> list[str]:
     # overshoot_seconds may be negative only on a broken record; it is checked as an invariant below.
     p += _numbers(bu, ("loop_seconds", "budget_seconds", "last_batch_seconds"), f"{key}.budget", integral=False)
     p += _numbers(bu, ("effective_steps", "actual_exposed", "target_exposed"), f"{key}.budget", integral=True)
-    timing_floats = TIMING_KEYS[2:]
+    timing_floats = tuple(k for k in TIMING_KEYS if k not in ("arm", "gpus"))
     p += _numbers(ti, timing_floats, f"{key}.timing", integral=False)
     p += _numbers(ti, ("gpus",), f"{key}.timing", integral=True)
     if p:
@@ -189,6 +203,12 @@ def check_run_record(key: str, rec: Any) -> list[str]:
         p.append(f"{key}.budget.time_budget_reached disagrees with loop_seconds >= budget_seconds")
     if bu["exposure_target_reached"] is not (bu["actual_exposed"] >= bu["target_exposed"]):
         p.append(f"{key}.budget.exposure_target_reached disagrees with actual_exposed >= target_exposed")
+    matched = bu["time_budget_reached"] is True and bu["exposure_target_reached"] is True
+    if bu["matched_interpretation_allowed"] is not matched:
+        p.append(f"{key}.budget.matched_interpretation_allowed must be time_budget_reached and exposure_target_reached")
+    if bu["status"] == BUDGET_STATUS_RECONCILED and not matched:
+        p.append(f"{key}.budget.status is {BUDGET_STATUS_RECONCILED} although the time budget or the exposure "
+                 f"target was not reached")
     templates = bu["exposure_templates"]
     if not isinstance(templates, Mapping) or sum(templates.values()) != bu["actual_exposed"]:
         p.append(f"{key}.budget.exposure_templates must sum to actual_exposed {bu['actual_exposed']}")

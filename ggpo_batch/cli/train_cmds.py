@@ -53,7 +53,9 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
     else:
         record = _through_executor(app, run, output)
     t = record["timing"]
-    click.echo(f"{run.run_key}: {record['training']['status']}, {record['training']['counts']['steps']} steps, "
+    click.echo(f"{run.run_key}: {record['training']['status']}, {record['budget']['status']} "
+               f"({record['budget']['actual_exposed']}/{record['budget']['target_exposed']} exposures), "
+               f"{record['training']['counts']['steps']} steps, "
                f"loop {record['budget']['loop_seconds']:.1f} s (overshoot {record['budget']['overshoot_seconds']:.1f} s), "
                f"{t['allocated_gpu_hours_through_evaluation']:.4f} allocated GPU-h; wall {time.monotonic() - t0:.1f} s")
 

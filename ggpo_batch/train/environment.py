@@ -34,6 +34,9 @@ class Trajectory:
     input_tokens: int = 0
     generated_tokens: int = 0
     retrieved_titles: list[str] = field(default_factory=list)
+    # Per generation call, as the backend returned it: (offset in `tokens`, the generated tokens).
+    # The audit checks the loss mask against these, not against `sources`.
+    turns: list[tuple[int, tuple[int, ...]]] = field(default_factory=list)
 
     @property
     def retrieved(self) -> bool:
@@ -67,6 +70,7 @@ def run_episodes(trajectories: list[Trajectory], backend: RolloutBackend, retrie
             t.calls += 1
             t.input_tokens += len(t.tokens)
             t.generated_tokens += len(g.tokens)
+            t.turns.append((len(t.tokens), tuple(g.tokens)))
             t.tokens += g.tokens
             t.sources += [GENERATED] * len(g.tokens)
             t.behaviour_logprobs += g.logprobs

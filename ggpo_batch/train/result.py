@@ -8,15 +8,14 @@ from typing import Any
 from ..run_record import (
     BUDGET_LIMITATION,
     BUDGET_STATUS_RECONCILED,
+    BUDGET_STATUS_SHORT,
     COST_LIMITATIONS,
+    TRAINING_STATUS_AUDIT_FAILED,
     TRAINING_STATUS_VALIDATED,
     gpu_hours,
 )
 from ..runspec import ArmSpec
 from .trainer import AUX, COSTS, COUNTS
-
-AUDIT_FAILED = "ROLLOUT_MASK_OR_ADVANTAGE_AUDIT_FAILED"
-BUDGET_NOT_RECONCILED = "BUDGET_OR_EXPOSURE_NOT_RECONCILED"
 
 
 def build_record(*, arm: ArmSpec, seed: int, totals: Mapping[str, int], templates: Mapping[str, int], steps: int,
@@ -32,20 +31,24 @@ def build_record(*, arm: ArmSpec, seed: int, totals: Mapping[str, int], template
     aux = {k: int(totals[k]) for k in AUX} if aux_arm else {}
     actual, target = counts["actual_exposed"], arm.target_exposed
     time_reached = loop_seconds >= budget_seconds
-    reconciled = sum(templates.values()) == actual and time_reached
+    exposure_reached = actual >= target
+    # Arms compare as matched only if each stopped by the shared budget with its full exposure; the
+    # stamp says so only then (the template split must also account for every exposure).
+    matched = time_reached and exposure_reached
+    reconciled = matched and sum(templates.values()) == actual
     over = loop_seconds - budget_seconds
     return {
         "arm": arm.name,
         "seed": seed,
         "training": {
-            "status": TRAINING_STATUS_VALIDATED if audit_ok else AUDIT_FAILED,
+            "status": TRAINING_STATUS_VALIDATED if audit_ok else TRAINING_STATUS_AUDIT_FAILED,
             "counts": counts,
             "cost": cost,
             "auxiliary_sources": aux,
             "cost_limitations": COST_LIMITATIONS,
         },
         "budget": {
-            "status": BUDGET_STATUS_RECONCILED if reconciled else BUDGET_NOT_RECONCILED,
+            "status": BUDGET_STATUS_RECONCILED if reconciled else BUDGET_STATUS_SHORT,
             "effective_steps": steps,
             "loop_seconds": loop_seconds,
             "budget_seconds": float(budget_seconds),
@@ -56,9 +59,8 @@ def build_record(*, arm: ArmSpec, seed: int, totals: Mapping[str, int], template
             "target_exposed": target,
             "exposure_templates": dict(templates),
             "time_budget_reached": time_reached,
-            "exposure_target_reached": actual >= target,
-            # Arms compare as matched only if each stopped by the shared budget with its full exposure.
-            "matched_interpretation_allowed": time_reached and actual >= target,
+            "exposure_target_reached": exposure_reached,
+            "matched_interpretation_allowed": matched,
             "limitation": BUDGET_LIMITATION,
         },
         "timing": {

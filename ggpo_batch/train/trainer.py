@@ -13,32 +13,33 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
+from ..run_record import AUX_COST_KEYS, AUX_SOURCE_KEYS, COST_KEYS, COUNT_KEYS
 from ..runspec import RunSpec
-from .audit import AuditResult, StepEvidence, audit
+from .audit import AuditResult, StepEvidence, TrajectoryEvidence, audit
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .environment import GENERATED, PAD_SOURCE, Trajectory, run_episodes, start
-from .ggpo import GgpoConfig, ggpo_loss, group_advantages
+from .ggpo import ggpo_loss, group_advantages
 from .model import build_model, full_state_dict, policy_token_logprobs
 from .retrieval import Retriever
-from .rollout import make_backend
+from .backends import make_backend
 from .task import is_clean_answer, load, normalize, render
 from .tokenizer import EOS, encode
 
+if TYPE_CHECKING:
+    from .ggpo import GroupAdvantages
+
 log = logging.getLogger(__name__)
 
-COUNTS = ("nonzero_advantage_tokens", "trajectories", "shared_trajectories", "actual_exposed",
-          "exposed_with_nonzero_advantage", "retrieved_trajectories", "shared_groups")
-COSTS = ("rl_sequence_nonpadding_tokens", "rl_sequence_padded_tokens", "rl_loss_tokens",
-         "backend_generated_tokens", "backend_requested_input_tokens", "backend_calls",
-         "aux_sequence_nonpadding_tokens_including_dp_padding", "aux_sequence_padded_tokens", "aux_loss_tokens")
-AUX = ("groups_considered", "skipped_no_verified_target", "gold_checked_clean_answer", "examples",
-       "answer_tokens", "training_gold_with_support_title_coverage")
+# The record's counters the loop tallies (rank-summed at the end); `steps` is the loop's own.
+COUNTS = tuple(k for k in COUNT_KEYS if k != "steps")
+COSTS = COST_KEYS + AUX_COST_KEYS
+AUX = AUX_SOURCE_KEYS
 
 
 @dataclass
@@ -53,6 +54,7 @@ class LoopState:
     templates: Counter = field(default_factory=Counter)
     aux_seen: set = field(default_factory=set)
     history: list = field(default_factory=list)
+    exposed_items: set = field(default_factory=set)  # ids of items this rank trained in an exposure group
 
 
 def _collate(rows: list[tuple[list[int], list[int], list[float]]]) -> tuple[torch.Tensor, ...]:
@@ -68,6 +70,31 @@ def _collate(rows: list[tuple[list[int], list[int], list[float]]]) -> tuple[torc
     return ids, attn, src, blp
 
 
+def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: torch.Tensor,
+               adv: GroupAdvantages, eps: float) -> tuple[tuple[torch.Tensor, ...], list[float], StepEvidence]:
+    """The step's loss rows (the retained groups' trajectories) collated as (ids, attention, loss mask,
+    behaviour logprobs), their advantages, and the audit's evidence of what the loss saw."""
+    rows, row_adv, row_ids, seen = [], [], [], []
+    for gi, ts in enumerate(trajs):
+        keep = bool(adv.retained[gi])
+        for j, t in enumerate(ts):
+            tid = f"s{step}/r{rank}/g{gi}/t{j}"
+            seen.append(TrajectoryEvidence(tid, gi, t.item, t.template, len(t.tokens), tuple(t.turns),
+                                           float(rewards[gi, j])))
+            if keep:
+                rows.append((t.tokens, t.sources, t.behaviour_logprobs))
+                row_adv.append(float(adv.advantages[gi, j]))
+                row_ids.append(tid)
+    row_trajectories: list[str | None] = list(row_ids)
+    if not rows:  # this rank kept no group: a zero-mask row keeps the ranks' passes paired
+        t = trajs[0][0]
+        rows, row_adv, row_trajectories = [(t.tokens, [0] * len(t.tokens), [0.0] * len(t.tokens))], [0.0], [None]
+    ids, attn, src, blp = _collate(rows)
+    mask = src[:, 1:] == GENERATED
+    evidence = StepEvidence(step, seen, ids[:, 1:], mask, torch.tensor(row_adv), row_trajectories, eps)
+    return (ids, attn, mask, blp), row_adv, evidence
+
+
 class Trainer:
     def __init__(self, spec: RunSpec, cfg: TrainConfig, *, rank: int, world: int, device: torch.device,
                  budget_seconds: float) -> None:
@@ -75,7 +102,7 @@ class Trainer:
 
         self.spec, self.cfg, self.rank, self.world, self.device = spec, cfg, rank, world, device
         self.budget_seconds = budget_seconds
-        self.gcfg = GgpoConfig(**cfg.ggpo_kwargs)
+        self.gcfg = cfg.ggpo
         self.data = load(cfg)
         self.retriever = Retriever(self.data.corpus)
         self.curriculum = Curriculum(spec.arm, self.data, group_size=cfg.group_size,
@@ -173,19 +200,14 @@ class Trainer:
         self.backend.sleep()
         rewards = torch.tensor([[t.reward for t in ts] for ts in trajs], dtype=torch.float32)
         adv = group_advantages(rewards, self.gcfg.advantage_eps)
-        rows, row_adv, row_group = [], [], []
         for gi, (g, ts) in enumerate(zip(groups, trajs)):
             keep = bool(adv.retained[gi])
-            for j, t in enumerate(ts):
+            for t in ts:
                 tally["trajectories"] += 1
                 tally["retrieved_trajectories"] += int(t.retrieved)
                 tally["backend_calls"] += t.calls
                 tally["backend_generated_tokens"] += t.generated_tokens
                 tally["backend_requested_input_tokens"] += t.input_tokens
-                if keep:
-                    rows.append((t.tokens, t.sources, t.behaviour_logprobs))
-                    row_adv.append(float(adv.advantages[gi, j]))
-                    row_group.append(gi)
             if g.shared:
                 tally["shared_groups"] += 1
                 tally["shared_trajectories"] += len(ts)
@@ -194,16 +216,13 @@ class Trainer:
                     st.templates[tmpl] += 1
                 tally["actual_exposed"] += len(g.parts)
                 tally["exposed_with_nonzero_advantage"] += len(g.parts) * int(keep)
+                st.exposed_items.update(item.item_id for item, _ in g.parts)
         aux = self._aux_examples(groups, trajs) if self.spec.arm.auxiliary_answer_loss else []
-        if not rows:  # this rank kept no group: a zero-mask row keeps the ranks' passes paired
-            t = trajs[0][0]
-            rows, row_adv, row_group = [(t.tokens, [0] * len(t.tokens), [0.0] * len(t.tokens))], [0.0], [-1]
-        ids, attn, src, blp = _collate(rows)
-        mask = src[:, 1:] == GENERATED
-        self.evidence.append(StepEvidence(st.step, ids[:, 1:], src[:, 1:], mask, torch.tensor(row_adv),
-                                          torch.tensor(row_group), rewards, adv.retained, self.gcfg.advantage_eps))
+        (ids, attn, mask, blp), row_adv, evidence = loss_batch(st.step, self.rank, trajs, rewards, adv,
+                                                               self.gcfg.advantage_eps)
+        self.evidence.append(evidence)
         ids, attn, mask = ids.to(self.device), attn.to(self.device), mask.to(self.device)
-        if row_group != [-1]:
+        if evidence.row_trajectories != [None]:
             tally["rl_sequence_nonpadding_tokens"] += int(attn.sum())
             tally["rl_sequence_padded_tokens"] += ids.numel()
         logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
@@ -262,20 +281,32 @@ class Trainer:
 
     # ---- phases after the loop ------------------------------------------------------------------
     def run_audit(self) -> AuditResult:
-        res = audit(self.evidence)
-        bad = torch.tensor([0 if res.ok else 1], device=self.device)
-        dist.all_reduce(bad, op=dist.ReduceOp.SUM)
-        if int(bad) and res.ok:
-            res.problems.append("another rank failed its audit")
-        for p in res.problems:
+        """Every rank audits its own evidence; every rank returns the whole run's: counts summed over
+        ranks (steps are shared: their count is the fewest any rank checked) and every rank's problems."""
+        mine = audit(self.evidence)
+        for p in mine.problems:
             log.error("audit (rank %d): %s", self.rank, p)
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, mine)
+        res = AuditResult(steps_checked=min(r.steps_checked for r in per_rank))
+        for rank, r in enumerate(per_rank):
+            res.trajectories_checked += r.trajectories_checked
+            res.rows_checked += r.rows_checked
+            res.generated_tokens_checked += r.generated_tokens_checked
+            res.problems += [f"rank {rank}: {p}" for p in r.problems]
+            if not r.steps_checked:
+                res.problems.append(f"rank {rank}: no step to audit")
         return res
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
         """Mean reward on held-out items (one sampled rollout each), split by exposure in this arm."""
         items = list(self.data.heldout[: self.cfg.eval_size])[self.rank :: self.world]
-        exposed = {it.item_id for g in self.curriculum.exposure_groups for it, _ in g.parts}
+        # Exposed = trained on in an exposure group before the budget ended, on any rank (not planned).
+        per_rank: list[Any] = [None] * self.world
+        dist.all_gather_object(per_rank, sorted(self.state.exposed_items))
+        exposed = set().union(*per_rank)
+        planned = {it.item_id for g in self.curriculum.exposure_groups for it, _ in g.parts}
         trajs = [start(it, "eval", encode(render("eval", it))) for it in items]
         self.backend.wake()
         run_episodes(trajs, self.backend, self.retriever, max_turns=self.cfg.max_turns,
@@ -290,7 +321,8 @@ class Trainer:
         dist.all_reduce(sums, op=dist.ReduceOp.SUM)
         s = sums.tolist()
         return {"items": int(s[1] + s[3]), "exposed_items": int(s[1]), "exposed_mean_reward": s[0] / s[1] if s[1] else None,
-                "unexposed_mean_reward": s[2] / s[3] if s[3] else None}
+                "unexposed_mean_reward": s[2] / s[3] if s[3] else None,
+                "trained_exposure_item_ids": sorted(exposed), "planned_exposure_items": len(planned)}
 
     def totals(self) -> dict[str, int]:
         """Counts, costs and aux sources summed over ranks."""

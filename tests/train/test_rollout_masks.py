@@ -6,7 +6,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("bm25s")
 pytestmark = pytest.mark.train
 
-from ggpo_batch.train.audit import StepEvidence, audit
+from ggpo_batch.train.audit import audit
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.environment import GENERATED, TOOL, run_episodes, start
 from ggpo_batch.train.ggpo import group_advantages
@@ -15,7 +15,7 @@ from ggpo_batch.train.retrieval import Retriever
 from ggpo_batch.train.rollout import Generation, RolloutBackend, TorchSampler
 from ggpo_batch.train.task import render, synthetic
 from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
-from ggpo_batch.train.trainer import _collate
+from ggpo_batch.train.trainer import _collate, loss_batch
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)
@@ -70,8 +70,8 @@ def test_planted_tool_output_never_enters_the_loss_mask():
     t = trajs[0]
     assert t.retrieved and t.calls == 2 and t.reward == 1.0
     assert TOOL in t.sources and DOC_OPEN in t.tokens and DOC_CLOSE in t.tokens
-    ids, attn, src, blp = _collate([(x.tokens, x.sources, x.behaviour_logprobs) for x in trajs] +
-                                   [(trajs[0].tokens[:5], trajs[0].sources[:5], [0.0] * 5)])  # a padded row
+    ids, _, src, blp = _collate([(x.tokens, x.sources, x.behaviour_logprobs) for x in trajs] +
+                                [(trajs[0].tokens[:5], trajs[0].sources[:5], [0.0] * 5)])  # a padded row
     mask = src[:, 1:] == GENERATED
     targets = ids[:, 1:]
     assert int(mask[0].sum()) == len(query) + len(encode(" " + item.answer)) + 1
@@ -79,13 +79,21 @@ def test_planted_tool_output_never_enters_the_loss_mask():
     assert not bool(mask[2].any())  # prompt-only, padded row
     assert bool((blp[:, 1:][mask] == -1.0).all())  # behaviour logprobs line up with the mask
 
-    rewards = torch.tensor([[1.0, 0.0]])
+    # The audit re-scores the answers, so the group needs a real reward gap: trajectory 1 answers wrong.
+    wrong_answer = start(item, "train", encode(render("train", item)))
+    run_episodes([wrong_answer], PlantingBackend([query, encode(" 7") + [EOS]]), Retriever(DATA.corpus),
+                 max_turns=2, max_new_tokens=64, temperature=1.0, top_k=2, passage_max_bytes=64, seed=0)
+    group = [trajs[0], wrong_answer]
+    rewards = torch.tensor([[t.reward for t in group]])
+    assert rewards.tolist() == [[1.0, 0.0]]
     adv = group_advantages(rewards)
-    ev = dict(step=0, targets=targets[:2], sources=src[:2, 1:], row_advantages=adv.advantages[0],
-              row_groups=torch.tensor([0, 0]), group_rewards=rewards, group_retained=adv.retained, eps=1e-6)
-    assert audit([StepEvidence(loss_mask=mask[:2], **ev)]).ok
-    leaky = mask[:2] | (src[:2, 1:] == TOOL)  # plant tool tokens under the mask: the audit must refuse it
-    res = audit([StepEvidence(loss_mask=leaky, **ev)])
+    _, _, ev = loss_batch(0, 0, [group], rewards, adv, 1e-6)
+    assert audit([ev]).ok
+    clean_mask = ev.loss_mask.clone()
+    ev.loss_mask = clean_mask | (src[:2, 1:] == TOOL)  # plant tool tokens under the mask: the audit must refuse it
+    res = audit([ev])
     assert not res.ok and any("tool delimiter" in p for p in res.problems)
-    wrong = audit([StepEvidence(loss_mask=mask[:2], **(ev | {"row_advantages": torch.tensor([0.5, 0.5])}))])
-    assert not wrong.ok and "standardised" in wrong.problems[0]
+    assert any("tool-output (retrieved passage) token(s) under the loss mask" in p for p in res.problems)
+    ev.loss_mask, ev.row_advantages = clean_mask, torch.tensor([0.5, 0.5])
+    wrong = audit([ev])
+    assert not wrong.ok and "trained with advantage" in wrong.problems[0]
