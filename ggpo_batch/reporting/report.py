@@ -3,7 +3,10 @@
 Pure data (dicts), so the CLI prints a table or JSON of the same content and `plots` draws it.
 Statistics are {"mean", "std", "n"} as in the seed-003 record; std is the sample std (n - 1),
 None for fewer than two values. Step, budget, token and exposure figures come from the run's
-result record and count succeeded runs only (a failed run's steps are not comparable);
+result record and count succeeded runs whose rollout audit passed only (a failed run's steps
+are not comparable, nor are those of a run whose loss the audit found wrong: such runs are counted
+apart, `audit_failed`, per arm and in total); runs whose budget or exposure target was not reached
+are counted as `budget_not_reconciled` (their arms may not be compared as matched).
 GPU-hours count every run that spent any, failures included, summed over all its attempts.
 """
 
@@ -12,13 +15,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from ..accounting import attempt_gpu_hours
 from ..costguard import KIND_NOT_REPRODUCED
 from ..errors import LedgerError
 from ..ledger import Ledger
 from ..ledger.schema import Run
+from ..run_record import audit_failed, budget_reconciled
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
@@ -49,9 +54,11 @@ def run_gpu_hours(run: Run) -> float | None:
 
 def _per_run(run: Run) -> dict[str, Any]:
     """The figures of one run the report aggregates (None where the run has no result record)."""
+    finished = run.result if run.state == "succeeded" and run.result else None
     out: dict[str, Any] = {"seed": run.seed, "state": run.state, "allocated_gpu_hours": run_gpu_hours(run),
-                           "attempts": len(run.attempts)}
-    res = run.result if run.state == "succeeded" and run.result else None
+                           "attempts": len(run.attempts), "audit_failed": audit_failed(finished),
+                           "budget_reconciled": budget_reconciled(finished) if finished else None}
+    res = finished if finished and not out["audit_failed"] else None
     if res is None:
         return out
     tr, bu, ti = res.get("training", {}), res.get("budget", {}), res.get("timing", {})
@@ -84,6 +91,8 @@ def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "runs": len(rows),
         "states": dict(sorted(states.items())),
+        "audit_failed": sum(1 for r in rows if r["audit_failed"]),
+        "budget_not_reconciled": sum(1 for r in rows if r["budget_reconciled"] is False),
         "attempts": sum(r["attempts"] for r in rows),
         "steps": stat(_values(ok, "steps")),
         "allocated_gpu_hours": _with_total(_values(rows, "allocated_gpu_hours")),
@@ -93,8 +102,9 @@ def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "tokens": {k: _with_total([r["tokens"][k] for r in ok if k in r["tokens"]]) for k in token_keys},
         "exposure": {k: stat([r["exposure"][k] for r in ok if k in r["exposure"]]) for k in exposure_keys},
         "exposure_templates": dict(sorted(templates.items())),
-        "per_seed": {str(r["seed"]): {k: r.get(k) for k in ("state", "steps", "allocated_gpu_hours",
-                                                              "overshoot_fraction")} for r in rows},
+        "per_seed": {str(r["seed"]): {k: r.get(k) for k in ("state", "audit_failed", "budget_reconciled", "steps",
+                                                              "allocated_gpu_hours", "overshoot_fraction")}
+                     for r in rows},
     }
 
 
@@ -165,6 +175,8 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "paired_vs_baseline": _paired(by_arm, baseline) if baseline in by_arm else {},
         "totals": {
             "runs": len(runs),
+            "audit_failed_runs": sum(1 for r in rows if r["audit_failed"]),
+            "budget_not_reconciled_runs": sum(1 for r in rows if r["budget_reconciled"] is False),
             "attempts": sum(r["attempts"] for r in rows),
             "spent_gpu_hours": math.fsum(spent),
             "decided_not_spent_gpu_hours": _decided_not_spent(runs, mine),

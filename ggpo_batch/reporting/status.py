@@ -11,6 +11,7 @@ from typing import Any, Iterable, Sequence
 from ..accounting import attempt_gpu_hours, disagrees
 from ..ledger import Ledger
 from ..ledger.schema import Attempt, Run
+from ..run_record import audit_failed, budget_reconciled
 
 
 def _attempt_cost(a: Attempt) -> float | None:
@@ -40,6 +41,12 @@ def run_row(run: Run, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "worker": run.worker,
         "cause": run.cause,
         "accounting_disagreement": any(disagrees(a.gpu_hours_job, a.gpu_hours_scheduler) for a in atts),
+        # The record's stamps: a run may end `succeeded` (its allocation completed and wrote a valid
+        # record) while its rollout audit failed or its budget/exposure was short; shown, never hidden.
+        "training_status": result.get("training", {}).get("status"),
+        "budget_status": result.get("budget", {}).get("status"),
+        "audit_failed": audit_failed(run.result),
+        "budget_reconciled": budget_reconciled(run.result) if run.result else None,
     }
     if extra:
         row.update(extra)
@@ -52,6 +59,8 @@ def _totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in rows:
         states[r["state"]] += 1
     return {"runs": len(rows), "states": dict(sorted(states.items())),
+            "audit_failed": sum(1 for r in rows if r["audit_failed"]),
+            "budget_not_reconciled": sum(1 for r in rows if r["budget_reconciled"] is False),
             "attempts": sum(r["attempts"] for r in rows),
             "steps": sum(r["steps"] for r in rows if r["steps"] is not None),
             "allocated_gpu_hours": sum(gh)}
