@@ -33,6 +33,15 @@ def disagrees(job: float | None, scheduler: float | None) -> bool:
     return d is not None and d > DISAGREEMENT_FRACTION
 
 
+def disagrees_clause(job, scheduler):  # type: ignore[no-untyped-def]
+    """`disagrees` as a SQL condition on two columns (for queries that must not load every row)."""
+    from sqlalchemy import and_, func
+
+    # |s - j| > f |s|: with s = 0 that is j != 0, as `disagreement` says (infinite).
+    return and_(job.is_not(None), scheduler.is_not(None),
+                func.abs(scheduler - job) > DISAGREEMENT_FRACTION * func.abs(scheduler))
+
+
 def attempt_gpu_hours(job: float | None, scheduler: float | None) -> float | None:
     """The figure to book: the scheduler's when it has one (it bills), else the job's own."""
     return scheduler if scheduler is not None else job

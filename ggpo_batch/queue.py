@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
@@ -51,6 +52,14 @@ def connect(url: str) -> Redis:
     return conn
 
 
+_DEFERRED_SUFFIX = re.compile(r"-deferred[0-9]+$")
+
+
+def run_key_of_id(job_id: str) -> str:
+    """The run key of an RQ job id: the id itself, or `<run key>-deferred<n>` for a deferral."""
+    return _DEFERRED_SUFFIX.sub("", job_id)
+
+
 class RunQueue:
     """One named RQ queue of runs."""
 
@@ -91,7 +100,7 @@ class RunQueue:
 
     def defer(self, run_key: str, seconds: int, *, generation: int) -> str:
         """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
-        job_id = f"{run_key}-deferred{generation}"
+        job_id = f"{run_key}-deferred{int(generation)}"
         self.queue.enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
                               result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
         return job_id
@@ -107,16 +116,22 @@ class RunQueue:
     def run_key_of(job: Job) -> str:
         return str(job.args[0]) if job.args else job.id
 
+    def _started_registry(self) -> StartedJobRegistry:
+        return StartedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+
+    def _scheduled_registry(self) -> ScheduledJobRegistry:
+        return ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+
     def waiting(self) -> dict[str, int]:
-        """Run key -> 1-based position, for runs waiting on the queue."""
+        """Run key -> 1-based position, for runs waiting on the queue (from the id list alone)."""
         out: dict[str, int] = {}
-        for pos, job in enumerate(self._jobs(self.queue.get_job_ids()), start=1):
-            out.setdefault(self.run_key_of(job), pos)
+        for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
+            out.setdefault(run_key_of_id(job_id), pos)
         return out
 
     def scheduled(self) -> set[str]:
-        reg = ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
-        return {self.run_key_of(j) for j in self._jobs(reg.get_job_ids())}
+        """Run keys deferred to a later time (the scheduled registry's ids)."""
+        return {run_key_of_id(j) for j in self._scheduled_registry().get_job_ids()}
 
     def started(self, *, alive_only: bool = False) -> dict[str, str | None]:
         """Run key -> worker name, for jobs a worker is executing (with `alive_only`, a live worker).
@@ -124,8 +139,7 @@ class RunQueue:
         A worker SIGKILLed with its work horse leaves its job in the started registry until RQ's
         maintenance reaps it (90 s to 11 min, FACTS.md), so liveness is checked on the worker itself.
         """
-        reg = StartedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
-        out = {self.run_key_of(j): j.worker_name for j in self._jobs(reg.get_job_ids())}
+        out = {self.run_key_of(j): j.worker_name for j in self._jobs(self._started_registry().get_job_ids())}
         if alive_only:
             out = {k: w for k, w in out.items() if w and self.worker_alive(w)}
         return out
@@ -159,24 +173,39 @@ class RunQueue:
         return out
 
     def present(self) -> set[str]:
-        """Run keys with a job waiting, scheduled or executing."""
-        return set(self.waiting()) | self.scheduled() | set(self.started())
+        """Run keys with a job waiting, scheduled or executing: three id lists, no job is fetched."""
+        ids = [*self.queue.get_job_ids(), *self._scheduled_registry().get_job_ids(),
+               *self._started_registry().get_job_ids()]
+        return {run_key_of_id(j) for j in ids}
 
     def forget(self, run_keys: Sequence[str]) -> None:
         """Delete old (failed or finished) job hashes of these runs, before they are enqueued again."""
         for job in self._jobs(run_keys):
             job.delete(remove_from_queue=True)
 
-    def positions(self) -> dict[str, dict[str, object]]:
-        """Run key -> where Redis has it: `queue_position` (1-based; None if deferred), `deferred`,
-        `rq_worker` for a job being executed."""
+    def positions(self, run_keys: Iterable[str] | None = None) -> dict[str, dict[str, object]]:
+        """Where Redis has these runs (None: every run): `queue_position` (1-based; None if
+        deferred), `deferred`, `rq_worker` for a job being executed. Reads the id lists; fetches
+        only the executing jobs of these runs (for their worker's name)."""
+        keys = set(run_keys) if run_keys is not None else None
         info: dict[str, dict[str, object]] = {}
-        for key, pos in self.waiting().items():
-            info[key] = {"queue_position": pos, "queue": self.name}
-        for key in self.scheduled():
-            info.setdefault(key, {"queue_position": None, "queue": self.name, "deferred": True})
-        for key, worker in self.started().items():
-            info.setdefault(key, {"queue": self.name})["rq_worker"] = worker
+        if keys is not None and not keys:
+            return info
+
+        def wanted(key: str) -> bool:
+            return keys is None or key in keys
+
+        for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
+            key = run_key_of_id(job_id)
+            if wanted(key) and key not in info:
+                info[key] = {"queue_position": pos, "queue": self.name}
+        for job_id in self._scheduled_registry().get_job_ids():
+            key = run_key_of_id(job_id)
+            if wanted(key):
+                info.setdefault(key, {"queue_position": None, "queue": self.name, "deferred": True})
+        started = [j for j in self._started_registry().get_job_ids() if wanted(run_key_of_id(j))]
+        for job in self._jobs(started):
+            info.setdefault(self.run_key_of(job), {"queue": self.name})["rq_worker"] = job.worker_name
         return info
 
     def remove(self, run_key: str) -> int:

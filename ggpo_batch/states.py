@@ -15,6 +15,8 @@ RUN_STATES = ("queued", "submitted", "running", "succeeded", "failed", "timeout"
               "not_reproduced")
 # A run that may hold or be waiting for an allocation, or be waiting on the queue.
 UNFINISHED_RUN_STATES = frozenset({"queued", "submitted", "running"})
+# `status` lists these by default (with flagged succeeded runs): what needs a look.
+ATTENTION_RUN_STATES = ("failed", "lost", "timeout", "running", "submitted", "queued")
 # Cancel acts on these; retry (by hand) on RETRYABLE_RUN_STATES.
 CANCELLABLE_RUN_STATES = UNFINISHED_RUN_STATES
 RETRYABLE_RUN_STATES = ("failed", "timeout", "lost", "cancelled")
@@ -24,7 +26,8 @@ REASON_TO_LEAVE = frozenset({"failed", "timeout", "lost", "cancelled", "not_repr
 
 RUN_MOVES: Mapping[str | None, frozenset[str]] = {
     None: frozenset({"queued", "not_reproduced", "succeeded", "failed", "timeout", "cancelled", "lost"}),
-    "queued": frozenset({"submitted", "cancelled", "not_reproduced", "lost"}),
+    # lost / failed: the attempt never reached a scheduler (its worker died / sbatch refused it).
+    "queued": frozenset({"submitted", "cancelled", "not_reproduced", "lost", "failed"}),
     "submitted": frozenset({"running", "succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
     "running": frozenset({"succeeded", "failed", "timeout", "cancelled", "lost", "queued"}),
     "failed": frozenset({"queued"}),

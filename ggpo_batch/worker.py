@@ -7,10 +7,13 @@ returns; ending attempts is reconcile's work, which every worker runs as an RQ m
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import socket
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from rq import Queue, Worker, get_current_job
@@ -19,7 +22,7 @@ from rq.serializers import JSONSerializer
 from .allocation import attempt_folder
 from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
-from .executor import make_executor
+from .executor import IN_PROCESS_EXECUTORS, make_executor
 from .ledger import Ledger, QuotaExceeded, connect
 from .queue import RunQueue
 from .runspec import RunSpec
@@ -36,14 +39,33 @@ def _worker_name() -> str:
     return (job.worker_name if job is not None and job.worker_name else None) or f"inline@{socket.gethostname()}"
 
 
+@dataclass
+class _WorkerProcess:
+    """What a worker opens once and the jobs it forks reuse: its settings and one ledger engine,
+    whose schema was checked once, at the worker's start."""
+
+    settings: Settings
+    ledger: Ledger
+    pid: int
+
+
+_process: _WorkerProcess | None = None  # set by run_worker before it forks any job
+
+
 def execute_run(run_key: str) -> dict[str, Any]:
     """RQ job: submit one attempt of a queued run. Settings come from the worker's environment."""
-    settings = load_settings()
-    ledger = connect(settings.db_url)
-    try:
-        return submit_run(ledger, settings, run_key, worker=_worker_name())
-    finally:
-        ledger.engine.dispose()
+    ctx = _process
+    if ctx is None:  # inline (memory://) or another RQ worker: open what the job needs, for this job
+        settings = load_settings()
+        ledger = connect(settings.db_url)
+        try:
+            return submit_run(ledger, settings, run_key, worker=_worker_name())
+        finally:
+            ledger.engine.dispose()
+    if ctx.pid != os.getpid():  # a forked job: never use the parent's pooled connections
+        ctx.ledger.engine.dispose(close=False)
+        ctx.pid = os.getpid()
+    return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
 
 
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
@@ -101,9 +123,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
 
 
 def _still_ours(ledger: Ledger, run_key: str, number: int) -> bool:
-    run = ledger.get_run(run_key)
-    att = next((a for a in run.attempts if a.number == number), None)
-    return att is not None and att.state == "submitting"
+    return ledger.attempt_state(run_key, number) == "submitting"
 
 
 class GgpoWorker(Worker):
@@ -127,13 +147,15 @@ class GgpoWorker(Worker):
 def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: str | None = None,
                reconcile_interval: int = 30, settle_timeout: float = 3600.0) -> bool:
     """Work the queues; in burst mode, then wait (reconciling) until this queue's attempts have ended."""
-    from .executor import payload  # noqa: F401  (imported once here, so each forked job need not)
+    from .executor.payload import preload_payloads
     from .queue import connect as redis_connect
 
-    try:  # the training payload imports torch: pay for it once in the worker, not in every job
-        import ggpo_batch.train.job  # noqa: F401
-    except ImportError:  # a submit-only worker without the train extra still works (slower forks)
-        pass
+    global _process
+    ledger = connect(settings.db_url)  # one engine for the worker and the jobs it forks; schema checked once
+    if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:
+        preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every forked job
+    _warm(ledger)
+    _process = _WorkerProcess(settings, ledger, os.getpid())
     conn = redis_connect(settings.redis_url)
     worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
                         serializer=JSONSerializer, name=name, settings=settings,
@@ -152,10 +174,24 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
         time.sleep(min(settings.defer_seconds, 5))
 
 
-def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
-    ledger = connect(settings.db_url)
+def _warm(ledger: Ledger) -> None:
+    """Do once, before forking, what every job would otherwise do first: configure the ORM's
+    mappers and compile the submission's queries, so each forked job inherits them ready."""
+    from sqlalchemy.orm import configure_mappers
+
+    import submitit  # noqa: F401  (every executor submits through it: 25 ms a job if left to the job)
+
+    from .executor import debug, local  # noqa: F401  (the registry imports backends lazily)
+
+    configure_mappers()
+    ledger.attempt_state("", 0)
     try:
-        return any(settings.queue_for(r.experiment.queue) in queues for r in ledger.runs(states=["queued"],
-                                                                                         with_attempts=False))
-    finally:
-        ledger.engine.dispose()
+        ledger.get_run("")
+    except LedgerError:
+        pass
+    gc.freeze()  # the worker's own objects stay out of every job's garbage collections
+
+
+def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
+    ledger = _process.ledger if _process is not None else connect(settings.db_url)
+    return ledger.count_queued(queues, default_queue=settings.queue) > 0

@@ -48,3 +48,24 @@ def test_refuses_schema_newer_than_the_code(db_url: str) -> None:
     with pytest.raises(SchemaBehindError, match="newer than this code"):
         connect(db_url)
     engine.dispose()
+
+
+def test_the_packaged_head_is_the_head_of_migrations() -> None:
+    """Commands check the schema against a constant (no alembic import); it must not drift."""
+    from ggpo_batch.ledger.db import HEAD_REVISION, migrations_head
+
+    assert HEAD_REVISION == migrations_head()
+
+
+def test_status_start_up_does_not_import_alembic_torch_matplotlib_or_rq(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "GGPO_DATA_DIR": str(tmp_path), "GGPO_REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens: untouched
+    subprocess.run([sys.executable, "-m", "ggpo_batch.cli", "db", "upgrade"], env=env, check=True,
+                   capture_output=True)
+    probe = ("import sys; from ggpo_batch.cli import cli; cli(['status'], standalone_mode=False); "
+             "print(sorted(m for m in ('alembic', 'torch', 'matplotlib', 'rq', 'deepspeed') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -19,6 +19,7 @@ def test_every_state_has_its_moves_and_succeeded_is_terminal() -> None:
 @pytest.mark.parametrize("src,dst,ok", [
     (None, "queued", True), ("queued", "submitted", True), ("submitted", "running", True),
     ("running", "succeeded", True), ("running", "queued", True), ("failed", "queued", True),
+    ("queued", "failed", True),  # sbatch refused the only attempt: the run failed with no allocation
     ("queued", "succeeded", False), ("succeeded", "queued", False), ("failed", "succeeded", False),
     ("lost", "running", False), ("not_reproduced", "submitted", False),
 ])

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from ..config import redact
-from .app import App, cli, echo_json, pass_app
-from .tables import print_decided, print_status
+from .app import NAME_VALUE, App, cli, echo_json, pass_app
 
 
 @cli.group()
@@ -68,8 +69,8 @@ def ledger() -> None:
 
 @ledger.command("import")
 @click.argument("file", type=click.Path(dir_okay=True, path_type=str))
-@click.option("--name", help="Experiment name (default: the file name without extension).")
-@click.option("--method", default="ggpo", show_default=True, help="Method that produced the file.")
+@click.option("--name", callback=NAME_VALUE, help="Experiment name (default: the file name without extension).")
+@click.option("--method", default="ggpo", show_default=True, callback=NAME_VALUE, help="Method that produced the file.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
 def ledger_import(app: App, file: str, name: str | None, method: str, as_json: bool) -> None:
@@ -90,55 +91,85 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 
 
 @cli.command()
-@click.option("--experiment", "-e", help="Only this experiment (all its versions).")
+@click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment (all its versions).")
 @click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
-@click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+@click.option("--runs", "all_runs", is_flag=True,
+              help="List every run (in --state), not only those that need a look.")
+@click.option("--limit", type=click.IntRange(0, None), default=None,
+              help="Most runs listed per experiment; 0 = no limit. [default: 20, or none with --runs or --state]")
+@click.option("--json", "as_json", is_flag=True, help="The same content as JSON, streamed.")
 @click.option("--components", is_flag=True, help="Nightly CPU component runs instead: last nights, moved metrics, "
               "missed nights.")
 @click.option("--nights", default=14, show_default=True, type=click.IntRange(1, 365), help="With --components.")
 @click.option("--threshold", default=0.1, show_default=True, type=click.FloatRange(0, None),
               help="With --components: relative change of a metric's mean that counts as moved.")
 @pass_app
-def status(app: App, experiment: str | None, states: tuple[str, ...], as_json: bool, components: bool,
-           nights: int, threshold: float) -> None:
-    """Runs per experiment: arm, seed, state, attempts, steps, elapsed, allocated GPU-hours, with totals."""
+def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: bool, limit: int | None,
+           as_json: bool, components: bool, nights: int, threshold: float) -> None:
+    """Per experiment and arm: runs by state, attempts, steps, allocated GPU-hours (totals from the
+    ledger in SQL); then the runs that need a look (unfinished, failed, lost, flagged), 20 at
+    most. --runs lists every run, --state only those states, --limit sets the page."""
     if components:
         from .nightly_cmds import component_status_view
 
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
-    from ..reporting.status import decided_experiments, experiment_status
+    from ..reporting.status import decided_experiments, iter_experiment_status
     from ..states import RUN_STATES
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
     led = app.ledger()
-    data = experiment_status(led, experiment=experiment, states=states or None,
-                             queue_info=_queue_info(app, {app.settings.queue_for(e.queue) for e in led.experiments(experiment)
-                                                          if e.source == "spec"}))
+    attention = not all_runs and not states
+    if limit is None:
+        limit = 20 if attention else None
+    it = iter_experiment_status(led, experiment=experiment, states=states or None, attention=attention,
+                                limit=limit or None, positions=None if app.settings.inline_queue else _positions(app))
     wants_decided = not states or "not_reproduced" in states
-    decided = decided_experiments(led, experiment=experiment) if wants_decided else []
     if as_json:
-        echo_json({"experiments": data, "decided": decided})
-    else:
-        if data or not decided:
-            print_status(data)
-        print_decided(decided)
+        _stream_json(it, lambda: decided_experiments(led, experiment=experiment) if wants_decided else [])
+        return
+    from .tables import print_decided, print_status
+
+    data = [{**summary, "runs": list(rows)} for summary, rows in it]
+    decided = decided_experiments(led, experiment=experiment) if wants_decided else []
+    if data or not decided:
+        print_status(data)
+    print_decided(decided)
 
 
-def _queue_info(app: App, queues: set[str]) -> dict[str, dict]:
-    """Run key -> queue position / RQ worker, from Redis; empty (with a warning) if Redis is down."""
-    if not queues or app.settings.inline_queue:
-        return {}
-    from ..queue import RunQueue
+def _positions(app: App):  # type: ignore[no-untyped-def]
+    """Where Redis has queued runs, asked only for runs shown; with a warning (once) and nothing if
+    Redis is down: status still shows the ledger."""
+    warned = []
 
-    info: dict[str, dict] = {}
-    try:
-        for name in sorted(queues):
-            info.update(RunQueue.from_url(app.settings.redis_url, name).positions())
-    except Exception as exc:  # status must still show the ledger when Redis is down
-        click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only", err=True)
-        return {}
-    return info
+    def lookup(queue: str, run_keys: list[str] | None) -> dict[str, dict]:
+        from ..queue import RunQueue
+
+        try:
+            return RunQueue.from_url(app.settings.redis_url, app.settings.queue_for(queue or None)).positions(run_keys)
+        except Exception as exc:  # status must still show the ledger when Redis is down
+            if not warned:
+                warned.append(exc)
+                click.echo(f"warning: queue positions unavailable ({type(exc).__name__}); showing the ledger only",
+                           err=True)
+            return {}
+
+    return lookup
+
+
+def _stream_json(experiments, decided) -> None:  # type: ignore[no-untyped-def]
+    """`{"experiments": [...], "decided": [...]}` written as it is read: one run row at a time."""
+    def write(text: str) -> None:
+        click.echo(text, nl=False)
+
+    write('{"experiments": [')
+    for i, (summary, rows) in enumerate(experiments):
+        head = json.dumps(summary, sort_keys=True, default=str)
+        write(("," if i else "") + "\n" + head[:-1] + ', "runs": [')
+        for j, row in enumerate(rows):
+            write(("," if j else "") + "\n  " + json.dumps(row, sort_keys=True, default=str))
+        write("]}")
+    write('\n], "decided": ' + json.dumps(decided(), sort_keys=True, default=str) + "}\n")
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .app import App, cli, echo_json, invoked_command, pass_app
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 def _ints(value: str | None, param: str) -> tuple[int, ...] | None:
@@ -88,6 +89,9 @@ def _f(v: Any) -> str:
 
 
 def print_components(data: dict[str, Any], console: Console | None = None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     for m in data["methods"]:
         t = Table(title=f"nightly {m['method']} since {data['since']} (moved: > {data['threshold']:.0%} "

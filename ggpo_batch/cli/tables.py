@@ -66,6 +66,12 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
         t.add_row("[b]experiment total[/b]", "", _states(tot["states"], tot), str(tot["attempts"]), _f(tot["steps"]), "",
                   f"[b]{_f(tot['allocated_gpu_hours'], 4)}[/b]", _f(exp.get("estimated_gpu_hours"), 3), "")
         console.print(t)
+        if exp.get("runs_not_shown"):
+            what = "runs needing a look" if exp.get("view") == "attention" else "runs"
+            console.print(f"  {exp['runs_not_shown']:,} more {what} not listed "
+                          f"(ggpo-batch status -e {exp['experiment']} --runs --limit 0 lists every run)", markup=False)
+        elif exp.get("view") == "attention" and not exp["runs"]:
+            console.print("  nothing needs a look: every run ended cleanly (--runs lists them)", markup=False)
         for d in exp.get("decisions", []):
             console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}",
                           markup=False)

@@ -14,7 +14,7 @@ from ..config import REPO_DIR
 from ..errors import ExecutorError
 from .base import Executor, JobAccount, JobInfo, job_name
 
-__all__ = ["EXECUTORS", "EXECUTOR_NAMES", "Executor", "JobAccount", "JobInfo", "job_name", "make_executor"]
+__all__ = ["EXECUTORS", "EXECUTOR_NAMES", "IN_PROCESS_EXECUTORS", "Executor", "JobAccount", "JobInfo", "job_name", "make_executor"]
 
 
 def _debug(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
@@ -41,6 +41,8 @@ def _slurm(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Ex
 EXECUTORS: Mapping[str, Callable[[Path, str, Path, int], Executor]] = {"slurm": _slurm, "local": _local,
                                                                         "debug": _debug}
 EXECUTOR_NAMES = tuple(EXECUTORS)
+# Executors whose attempt runs inside the worker's forked job (the others hand it to a scheduler).
+IN_PROCESS_EXECUTORS = frozenset({"debug"})
 
 
 def make_executor(name: str, *, jobs_dir: Path, profile: str = "default", repo_dir: Path | None = None,

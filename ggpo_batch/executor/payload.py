@@ -23,3 +23,16 @@ def make_payload(spec: RunSpec, output: Path) -> Callable[[], Any]:
 
         return TrainingJob(spec.to_json(), str(output))
     raise ExecutorError(f"method {spec.method!r} has no training job (known: ggpo)")
+
+
+def preload_payloads() -> bool:
+    """Import what the training payloads import (torch, DeepSpeed, the trainer) in this process, so
+    jobs it forks start with them loaded; False where the train extra is not installed (a
+    submit-only worker, whose jobs never train here)."""
+    try:
+        from ..train.job import preload
+
+        preload()
+        return True
+    except ImportError:
+        return False

@@ -11,9 +11,10 @@ from .core import NewRun
 from .costs import CostRecords
 from .db import connect, current_revision, downgrade, head_revision, upgrade
 from .runs import RunTransitions
+from .summaries import RunSummaries
 
 
-class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords):
+class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries):
     """The ledger on one database. Cheap to create; holds only an engine.
 
     Every public method is one transaction and is retried while the database is unreachable,

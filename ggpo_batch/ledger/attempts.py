@@ -111,6 +111,12 @@ class AttemptTransitions(LedgerCore):
             raise LedgerError(f"run {run_key} has no attempt {number}")
         return run, att
 
+    def attempt_state(self, run_key: str, number: int) -> str | None:
+        """The state of attempt `number` of a run (None if there is none): one column, no run loaded."""
+        with self.session() as s:
+            return s.scalar(select(Attempt.state).join(Run, Run.id == Attempt.run_id)
+                            .where(Run.run_key == run_key, Attempt.number == number))
+
     def mark_submitted(self, run_key: str, number: int, *, job_id: str, actor: str) -> Attempt:
         with self.session() as s:
             run, att = self._locked_attempt(s, run_key, number)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import exists, func, insert, select
 from sqlalchemy.orm import Session, undefer
 
 from ..errors import LedgerError
@@ -132,6 +132,31 @@ class RunTransitions(LedgerCore):
             if states is not None:
                 q = q.where(Run.state.in_(list(states)))
             return list(s.scalars(q))
+
+    def queued_run_keys(self, queue: str, *, default_queue: str) -> set[str]:
+        """Keys of the runs queued in the ledger on `queue` (an experiment without a queue of its own
+        is on `default_queue`), leaving out those whose attempt is being submitted right now. One
+        column of one query: reconcile compares it with Redis' id lists, at any backlog."""
+        with self.session() as s:
+            q = (select(Run.run_key).join(Experiment, Experiment.id == Run.experiment_id)
+                 .where(Run.state == "queued", func.coalesce(Experiment.queue, default_queue) == queue)
+                 .where(~exists().where(Attempt.run_id == Run.id, Attempt.state == "submitting")))
+            return set(s.scalars(q))
+
+    def queued_executors(self, queues: Iterable[str], *, default_queue: str) -> set[str]:
+        """The executors named by the runs queued on these queues."""
+        ex = Run.run_spec["executor"].as_string()
+        with self.session() as s:
+            q = (select(ex).distinct().join(Experiment, Experiment.id == Run.experiment_id)
+                 .where(Run.state == "queued", func.coalesce(Experiment.queue, default_queue).in_(list(queues))))
+            return {e for e in s.scalars(q) if e}
+
+    def count_queued(self, queues: Iterable[str], *, default_queue: str) -> int:
+        """How many runs are queued in the ledger on these queues."""
+        with self.session() as s:
+            q = (select(func.count()).select_from(Run).join(Experiment, Experiment.id == Run.experiment_id)
+                 .where(Run.state == "queued", func.coalesce(Experiment.queue, default_queue).in_(list(queues))))
+            return int(s.scalar(q) or 0)
 
     def events(self, *, run_key: str | None = None, experiment_id: int | None = None) -> list[Event]:
         with self.session() as s:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
@@ -46,49 +46,62 @@ def _iso(v: datetime | None) -> str | None:
     return v.isoformat() if v is not None else None
 
 
-def export_rows(ledger: Ledger, experiment: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(runs, attempts) rows of every experiment (or one, all its versions), in ledger order."""
+def _run_row(exp: Any, run: Any) -> dict[str, Any]:
+    res = run.result or {}
+    tr, bu, ti = res.get("training", {}), res.get("budget", {}), res.get("timing", {})
+    row: dict[str, Any] = {
+        "experiment": exp.name, "version": exp.version, "method": exp.method, "source": exp.source,
+        "queue": exp.queue, "run_key": run.run_key, "arm": run.arm, "seed": run.seed, "state": run.state,
+        "attempts": len(run.attempts), "estimated_gpu_hours": run.estimated_gpu_hours,
+        "allocated_gpu_hours": run_gpu_hours(run), "cause": run.cause,
+        "steps": tr.get("counts", {}).get("steps"), "budget_seconds": bu.get("budget_seconds"),
+        "loop_seconds": bu.get("loop_seconds"), "overshoot_seconds": bu.get("overshoot_seconds"),
+        "overshoot_fraction": bu.get("overshoot_fraction"), "elapsed_seconds": ti.get("elapsed_seconds"),
+        "training_status": tr.get("status"), "budget_status": bu.get("status"),
+        "created_at": _iso(run.created_at), "updated_at": _iso(run.updated_at),
+    }
+    for k in COUNT_KEYS:
+        if k != "steps":
+            row[f"counts.{k}"] = tr.get("counts", {}).get(k)
+    for k in COST_KEYS + AUX_COST_KEYS:
+        row[f"cost.{k}"] = tr.get("cost", {}).get(k)
+    return row
+
+
+def _attempt_rows(exp: Any, run: Any) -> Iterator[dict[str, Any]]:
+    for a in run.attempts:
+        yield {
+            "experiment": exp.name, "version": exp.version, "run_key": run.run_key, "arm": run.arm,
+            "seed": run.seed, "number": a.number, "executor": a.executor, "job_id": a.job_id,
+            "state": a.state, "scheduler_state": a.scheduler_state, "reason": a.reason,
+            "submitted_by": a.submitted_by, "worker": a.worker, "gpus": a.gpus,
+            "created_at": _iso(a.created_at), "submitted_at": _iso(a.submitted_at),
+            "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
+            "elapsed_seconds": a.elapsed_seconds, "gpu_hours_job": a.gpu_hours_job,
+            "gpu_hours_scheduler": a.gpu_hours_scheduler,
+            "gpu_hours_booked": attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler),
+            "accounting_disagreement": disagrees(a.gpu_hours_job, a.gpu_hours_scheduler),
+            "exit_code": a.exit_code,
+        }
+
+
+def iter_rows(ledger: Ledger, table: str, experiment: str | None = None) -> Iterator[dict[str, Any]]:
+    """Rows of `table` (runs | attempts) of every experiment (or one, all its versions), in ledger
+    order, read a page of runs at a time: memory stays flat however large the ledger."""
     exps = ledger.experiments(experiment)
     if experiment is not None and not exps:
         raise LedgerError(f"no experiment {experiment!r} in the ledger")
-    runs: list[dict[str, Any]] = []
-    attempts: list[dict[str, Any]] = []
     for exp in exps:
-        for run in ledger.runs(experiment_id=exp.id):
-            res = run.result or {}
-            tr, bu, ti = res.get("training", {}), res.get("budget", {}), res.get("timing", {})
-            row: dict[str, Any] = {
-                "experiment": exp.name, "version": exp.version, "method": exp.method, "source": exp.source,
-                "queue": exp.queue, "run_key": run.run_key, "arm": run.arm, "seed": run.seed, "state": run.state,
-                "attempts": len(run.attempts), "estimated_gpu_hours": run.estimated_gpu_hours,
-                "allocated_gpu_hours": run_gpu_hours(run), "cause": run.cause,
-                "steps": tr.get("counts", {}).get("steps"), "budget_seconds": bu.get("budget_seconds"),
-                "loop_seconds": bu.get("loop_seconds"), "overshoot_seconds": bu.get("overshoot_seconds"),
-                "overshoot_fraction": bu.get("overshoot_fraction"), "elapsed_seconds": ti.get("elapsed_seconds"),
-                "training_status": tr.get("status"), "budget_status": bu.get("status"),
-                "created_at": _iso(run.created_at), "updated_at": _iso(run.updated_at),
-            }
-            for k in COUNT_KEYS:
-                if k != "steps":
-                    row[f"counts.{k}"] = tr.get("counts", {}).get(k)
-            for k in COST_KEYS + AUX_COST_KEYS:
-                row[f"cost.{k}"] = tr.get("cost", {}).get(k)
-            runs.append(row)
-            for a in run.attempts:
-                attempts.append({
-                    "experiment": exp.name, "version": exp.version, "run_key": run.run_key, "arm": run.arm,
-                    "seed": run.seed, "number": a.number, "executor": a.executor, "job_id": a.job_id,
-                    "state": a.state, "scheduler_state": a.scheduler_state, "reason": a.reason,
-                    "submitted_by": a.submitted_by, "worker": a.worker, "gpus": a.gpus,
-                    "created_at": _iso(a.created_at), "submitted_at": _iso(a.submitted_at),
-                    "started_at": _iso(a.started_at), "ended_at": _iso(a.ended_at),
-                    "elapsed_seconds": a.elapsed_seconds, "gpu_hours_job": a.gpu_hours_job,
-                    "gpu_hours_scheduler": a.gpu_hours_scheduler,
-                    "gpu_hours_booked": attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler),
-                    "accounting_disagreement": disagrees(a.gpu_hours_job, a.gpu_hours_scheduler),
-                    "exit_code": a.exit_code,
-                })
-    return runs, attempts
+        for run in ledger.status_runs(exp.id):
+            if table == "runs":
+                yield _run_row(exp, run)
+            else:
+                yield from _attempt_rows(exp, run)
+
+
+def export_rows(ledger: Ledger, experiment: str | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(runs, attempts) rows as lists (for a notebook; the CLI streams `iter_rows` instead)."""
+    return list(iter_rows(ledger, "runs", experiment)), list(iter_rows(ledger, "attempts", experiment))
 
 
 def _cell(v: Any) -> Any:
@@ -122,16 +135,22 @@ def export_ledger(ledger: Ledger, out: TextIO, *, fmt: str, table: str | None = 
         raise LedgerError(f"export format {fmt!r}: must be one of {', '.join(FORMATS)}")
     if table is not None and table not in TABLES:
         raise LedgerError(f"export table {table!r}: must be one of {', '.join(TABLES)}")
-    runs, attempts = export_rows(ledger, experiment)
+    if experiment is not None and not ledger.experiments(experiment):
+        raise LedgerError(f"no experiment {experiment!r} in the ledger")  # before a byte is written
     if fmt == "csv":
-        if (table or "runs") == "runs":
-            return write_csv(runs, RUN_COLUMNS, out)
-        return write_csv(attempts, ATTEMPT_COLUMNS, out)
-    data: dict[str, Any] = {"schema": EXPORT_SCHEMA}
-    if table in (None, "runs"):
-        data["runs"] = runs
-    if table in (None, "attempts"):
-        data["attempts"] = attempts
-    json.dump(data, out, indent=1, sort_keys=True, allow_nan=False)
-    out.write("\n")
-    return sum(len(v) for k, v in data.items() if k != "schema")
+        name = table or "runs"
+        return write_csv(iter_rows(ledger, name, experiment), RUN_COLUMNS if name == "runs" else ATTEMPT_COLUMNS,
+                         out)
+    # JSON, written as it is read (keys in sorted order, as json.dump(sort_keys=True) would).
+    n = 0
+    out.write("{")
+    for name in ("attempts", "runs"):
+        if table not in (None, name):
+            continue
+        out.write(f'"{name}": [')
+        for i, row in enumerate(iter_rows(ledger, name, experiment)):
+            out.write(("," if i else "") + "\n " + json.dumps(row, sort_keys=True, allow_nan=False))
+            n += 1
+        out.write("\n], ")
+    out.write(f'"schema": {EXPORT_SCHEMA}}}\n')
+    return n

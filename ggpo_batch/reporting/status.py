@@ -1,16 +1,21 @@
-"""Status: per-experiment tables of runs with attempts, steps, elapsed and GPU-hours, and totals.
+"""Status: per-experiment and per-arm totals (computed in SQL), and rows for the runs worth
+showing (attempts, steps, elapsed, GPU-hours, where Redis has them).
 
-Pure data (dicts) so the CLI can print a table or JSON of the same content.
+Pure data (dicts) so the CLI can print a table or JSON of the same content. By default the CLI
+shows the runs that need a look (unfinished, failed, lost, flagged), a page at most: its cost
+does not grow with the ledger.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 from ..accounting import attempt_gpu_hours, disagrees
 from ..ledger import Ledger
 from ..ledger.schema import Attempt, Run
+from ..ledger.summaries import ArmTotals
 from ..run_record import audit_failed, budget_reconciled
 
 
@@ -53,33 +58,43 @@ def run_row(run: Run, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     return row
 
 
-def _totals(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    gh = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
+def _totals(cells: Sequence[ArmTotals]) -> dict[str, Any]:
     states: dict[str, int] = defaultdict(int)
-    for r in rows:
-        states[r["state"]] += 1
-    return {"runs": len(rows), "states": dict(sorted(states.items())),
-            "audit_failed": sum(1 for r in rows if r["audit_failed"]),
-            "budget_not_reconciled": sum(1 for r in rows if r["budget_reconciled"] is False),
-            "attempts": sum(r["attempts"] for r in rows),
-            "steps": sum(r["steps"] for r in rows if r["steps"] is not None),
-            "allocated_gpu_hours": sum(gh)}
+    for c in cells:
+        states[c.state] += c.runs
+    return {"runs": sum(c.runs for c in cells), "states": dict(sorted(states.items())),
+            "audit_failed": sum(c.audit_failed for c in cells),
+            "budget_not_reconciled": sum(c.budget_not_reconciled for c in cells),
+            "attempts": sum(c.attempts for c in cells),
+            "steps": sum(c.steps for c in cells),
+            "allocated_gpu_hours": sum(c.allocated_gpu_hours for c in cells)}
 
 
-def experiment_status(ledger: Ledger, *, experiment: str | None = None, states: Iterable[str] | None = None,
-                      queue_info: dict[str, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """Per experiment version: rows, per-arm totals and experiment totals (filtered by name/state)."""
-    wanted = set(states) if states else None
-    out = []
-    for exp in ledger.experiments(experiment):
-        runs = ledger.runs(experiment_id=exp.id)
-        rows = [run_row(r, (queue_info or {}).get(r.run_key)) for r in runs if wanted is None or r.state in wanted]
-        if wanted is not None and not rows:
+Positions = Callable[[str, "list[str] | None"], dict[str, dict[str, Any]]]
+
+
+def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, states: Iterable[str] | None = None,
+                           attention: bool = False, limit: int | None = None,
+                           positions: Positions | None = None) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
+    """Per experiment version: its summary (per-arm and experiment totals computed in SQL over the
+    runs in `states`) and an iterator of its run rows: every run, or with `attention` those that
+    need a look, `limit` at most. Rows are read a page at a time, so a listing of every run
+    streams. `positions(queue, run_keys or None for all)` says where Redis has queued runs; it is
+    called only when a shown run is queued."""
+    wanted = list(states) if states else None
+    exps = ledger.experiments(experiment)
+    cells_of: dict[int, list[ArmTotals]] = defaultdict(list)
+    for c in ledger.arm_totals([e.id for e in exps]):
+        cells_of[c.experiment_id].append(c)
+    for exp in exps:
+        cells = [c for c in cells_of[exp.id] if wanted is None or c.state in wanted]
+        if wanted is not None and not cells:
             continue
-        by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
-        for r in rows:
-            by_arm[r["arm"]].append(r)
-        out.append({
+        listed = ledger.attention_count(exp.id, states=wanted) if attention else sum(c.runs for c in cells)
+        by_arm: dict[str, list[ArmTotals]] = defaultdict(list)
+        for c in cells:
+            by_arm[c.arm].append(c)
+        summary = {
             "experiment": exp.name,
             "version": exp.version,
             "method": exp.method,
@@ -87,14 +102,38 @@ def experiment_status(ledger: Ledger, *, experiment: str | None = None, states: 
             "queue": exp.queue,
             "gpus": exp.gpus,
             "max_gpu_hours": exp.max_gpu_hours,
-            "runs": rows,
-            "arms": {arm: _totals(rs) for arm, rs in sorted(by_arm.items())},
-            "totals": _totals(rows),
-            "estimated_gpu_hours": _sum_known(r.estimated_gpu_hours for r in runs),
-            "decided_runs": sum(1 for r in rows if r["state"] == "not_reproduced"),
+            "view": "attention" if attention else "runs",
+            "runs_not_shown": max(0, listed - limit) if limit is not None else 0,
+            "arms": {arm: _totals(cs) for arm, cs in sorted(by_arm.items())},
+            "totals": _totals(cells),
+            "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells_of[exp.id]),
+            "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
-        })
-    return out
+        }
+        runs = ledger.status_runs(exp.id, states=wanted, attention=attention, limit=limit)
+        yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None)
+
+
+def _rows(runs: Iterator[Run], queue: str, positions: Positions | None, *, bounded: bool) -> Iterator[dict[str, Any]]:
+    if positions is None:
+        yield from (run_row(r) for r in runs)
+        return
+    if bounded:  # a page: ask Redis about exactly its queued runs
+        page = list(runs)
+        queued = [r.run_key for r in page if r.state == "queued"]
+        extra = positions(queue, queued) if queued else {}
+        yield from (run_row(r, extra.get(r.run_key)) for r in page)
+        return
+    extra_all: dict[str, dict[str, Any]] | None = None  # every run: read Redis' id lists once
+    for r in runs:
+        if r.state == "queued" and extra_all is None:
+            extra_all = positions(queue, None)
+        yield run_row(r, (extra_all or {}).get(r.run_key))
+
+
+def experiment_status(ledger: Ledger, **kwargs: Any) -> list[dict[str, Any]]:
+    """`iter_experiment_status` with the rows in each experiment's "runs" list."""
+    return [{**summary, "runs": list(rows)} for summary, rows in iter_experiment_status(ledger, **kwargs)]
 
 
 def _sum_known(values: Iterable[float | None]) -> float | None:

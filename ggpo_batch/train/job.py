@@ -61,6 +61,17 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def preload() -> None:
+    """Import torch, DeepSpeed (on the CPU accelerator where there is no GPU) and the trainer."""
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    import deepspeed  # noqa: F401
+
+    from . import trainer  # noqa: F401
+
+
 class TrainingJob(submitit.helpers.Checkpointable):
     def __init__(self, spec_json: str, output: str) -> None:
         self.spec_json = spec_json
@@ -79,11 +90,9 @@ class TrainingJob(submitit.helpers.Checkpointable):
     def __call__(self) -> dict[str, Any]:
         t0 = allocation_start()
         rank, world, local_rank, under_submitit = _distributed_env()
-        import torch
-
-        if not torch.cuda.is_available():
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        preload()
         import deepspeed
+        import torch
         import torch.distributed as dist
 
         from .trainer import Trainer

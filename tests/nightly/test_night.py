@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.nightly import ggpo_tier, nightly
+from ggpo_batch.nightly import ggpo_tier
+from ggpo_batch.nightly import runner as nightly
 from ggpo_batch.nightly.night import artifact_path, run_method_night, run_night
 from ggpo_batch.nightly.suite import load_suite
 from ggpo_batch.errors import GgpoError

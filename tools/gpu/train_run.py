@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from ggpo_batch.run_record import check_run_record, run_key
+from ggpo_batch.run_record import check_run_record, entry_key
 from ggpo_batch.runspec import ArmSpec, RunSpec
 from ggpo_batch.train.job import TrainingJob
 
@@ -32,7 +32,7 @@ def main() -> int:
     print(f"steps {steps} in {loop:.1f}s loop: {steps / loop:.2f} steps/s; first loss {h[0]['loss']:.4f}, "
           f"last loss {h[-1]['loss']:.4f}; status {rec['training']['status']}")
     print("counts", json.dumps(rec["training"]["counts"]))
-    problems = check_run_record(run_key(1, "paired_answer"), rec)
+    problems = check_run_record(entry_key(1, "paired_answer"), rec)
     print("RECORD OK" if not problems else f"RECORD PROBLEMS: {problems}")
     return 0 if not problems else 1
 

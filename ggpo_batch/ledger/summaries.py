@@ -1,0 +1,128 @@
+"""What `status` reads: per-arm totals computed in SQL, and the runs worth showing, fetched a
+bounded page at a time. Nothing here loads every run of an experiment, so `status` costs about
+the same at 100,000 runs as at 1,000."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import case, exists, func, select
+from sqlalchemy.orm import selectinload
+
+from ..accounting import disagrees_clause
+from ..run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED
+from ..states import ATTENTION_RUN_STATES
+from .core import LedgerCore
+from .schema import Attempt, Run
+
+# The record's stamps, read in SQL (both backends extract JSON paths through SQLAlchemy's JSON type).
+_TRAINING_STATUS = Run.result["training"]["status"].as_string()
+_BUDGET_STATUS = Run.result["budget"]["status"].as_string()
+_STEPS = Run.result["training"]["counts"]["steps"].as_integer()
+AUDIT_FAILED = _TRAINING_STATUS.is_not(None) & (_TRAINING_STATUS != TRAINING_STATUS_VALIDATED)
+BUDGET_SHORT = _BUDGET_STATUS.is_not(None) & (_BUDGET_STATUS != BUDGET_STATUS_RECONCILED)
+DISAGREEMENT = exists().where(Attempt.run_id == Run.id,
+                              disagrees_clause(Attempt.gpu_hours_job, Attempt.gpu_hours_scheduler))
+
+
+@dataclass
+class ArmTotals:
+    """One (experiment, arm, run state) cell of the totals."""
+
+    experiment_id: int
+    arm: str
+    state: str
+    runs: int = 0
+    attempts: int = 0
+    steps: int = 0
+    allocated_gpu_hours: float = 0.0
+    estimated_gpu_hours: float | None = None
+    audit_failed: int = 0
+    budget_not_reconciled: int = 0
+
+
+class RunSummaries(LedgerCore):
+    """Status reads: totals by (experiment, arm, state) and bounded pages of runs."""
+
+    def arm_totals(self, experiment_ids: Sequence[int]) -> list[ArmTotals]:
+        """Totals per (experiment, arm, state), in two GROUP BY queries."""
+        if not experiment_ids:
+            return []
+        keys = (Run.experiment_id, Run.arm, Run.state)
+        cells: dict[tuple[int, str, str], ArmTotals] = {}
+        with self.session() as s:
+            runs_q = (select(*keys, func.count(Run.id), func.sum(Run.estimated_gpu_hours), func.sum(_STEPS),
+                             func.sum(case((AUDIT_FAILED, 1), else_=0)), func.sum(case((BUDGET_SHORT, 1), else_=0)))
+                      .where(Run.experiment_id.in_(list(experiment_ids))).group_by(*keys))
+            for e, arm, st, n, est, steps, failed, short in s.execute(runs_q):
+                cells[(e, arm, st)] = ArmTotals(e, arm, st, runs=n, steps=int(steps or 0), estimated_gpu_hours=est,
+                                                audit_failed=int(failed or 0), budget_not_reconciled=int(short or 0))
+            cost = func.coalesce(Attempt.gpu_hours_scheduler, Attempt.gpu_hours_job)
+            att_q = (select(*keys, func.count(Attempt.id), func.sum(cost)).join(Attempt, Attempt.run_id == Run.id)
+                     .where(Run.experiment_id.in_(list(experiment_ids))).group_by(*keys))
+            for e, arm, st, n, gh in s.execute(att_q):
+                cell = cells.setdefault((e, arm, st), ArmTotals(e, arm, st))
+                cell.attempts, cell.allocated_gpu_hours = n, float(gh or 0.0)
+        return sorted(cells.values(), key=lambda c: (c.experiment_id, c.arm, c.state))
+
+    def status_runs(self, experiment_id: int, *, states: Iterable[str] | None = None, attention: bool = False,
+                    limit: int | None = None) -> Iterator[Run]:
+        """Runs of one experiment with their attempts, `limit` at most. With `attention`, only those
+        that need a look (unfinished, failed, lost, flagged), the worst first; page by page, so a
+        listing of every run never holds them all in memory."""
+        wanted = list(states) if states is not None else None
+        with self.session() as s:
+            if not attention:
+                q = self._runs_query(experiment_id, wanted).order_by(Run.arm, Run.seed)
+                yield from self._paged(s, q, limit)
+                return
+            left = limit
+            for group in _ATTENTION_ORDER:
+                st = [x for x in group if wanted is None or x in wanted]
+                if not st or left == 0:
+                    continue
+                q = self._runs_query(experiment_id, st).order_by(Run.id)
+                for run in self._paged(s, q, left):
+                    yield run
+                    left = None if left is None else left - 1
+            if left != 0 and (wanted is None or "succeeded" in wanted):
+                q = (self._runs_query(experiment_id, ["succeeded"])
+                     .where(AUDIT_FAILED | BUDGET_SHORT | DISAGREEMENT).order_by(Run.id))
+                yield from self._paged(s, q, left)
+
+    def attention_count(self, experiment_id: int, *, states: Iterable[str] | None = None) -> int:
+        """How many runs `status_runs(..., attention=True)` would list without a limit."""
+        wanted = set(states) if states is not None else None
+        st = [x for x in ATTENTION_RUN_STATES if wanted is None or x in wanted]
+        with self.session() as s:
+            n = int(s.scalar(select(func.count(Run.id)).where(Run.experiment_id == experiment_id,
+                                                              Run.state.in_(st))) or 0) if st else 0
+            if wanted is None or "succeeded" in wanted:
+                n += int(s.scalar(select(func.count(Run.id)).where(
+                    Run.experiment_id == experiment_id, Run.state == "succeeded",
+                    AUDIT_FAILED | BUDGET_SHORT | DISAGREEMENT)) or 0)
+        return n
+
+    @staticmethod
+    def _runs_query(experiment_id: int, states: list[str] | None):  # type: ignore[no-untyped-def]
+        q = select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.attempts))
+        return q.where(Run.state.in_(states)) if states is not None else q
+
+    @staticmethod
+    def _paged(s, q, limit: int | None, page: int = 500) -> Iterator[Run]:  # type: ignore[no-untyped-def]
+        if limit is not None:
+            yield from s.scalars(q.limit(limit)).unique()
+            return
+        offset = 0
+        while True:  # keyset-free paging keeps memory flat for a listing of every run
+            rows = list(s.scalars(q.limit(page).offset(offset)).unique())
+            yield from rows
+            if len(rows) < page:
+                return
+            offset += page
+            s.expunge_all()
+
+
+# The order attention runs are shown in: what went wrong first, then what is in flight, then waiting.
+_ATTENTION_ORDER = (("failed", "lost", "timeout"), ("running", "submitted"), ("queued",))
