@@ -49,6 +49,12 @@ class ExecutorError(GgpoError):
     """The executor (slurm, local, debug) could not submit or query a job."""
 
 
+class Unavailable(GgpoError):
+    """A service or a file the ledger needs cannot be used (unreachable, read-only, damaged): exit 4."""
+
+    exit_code = 4
+
+
 class CostCapExceeded(GgpoError):
     """A spec's estimated GPU-hours are over a cap; nothing was queued."""
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -36,13 +37,32 @@ class App:
         return self._ledger
 
 
+class UsageLine(click.UsageError):
+    """A usage error shown as one line (click's own takes three: usage, hint, error)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {redact(self.format_message())}", err=True)
+
+
+def _one_line(exc: click.UsageError) -> UsageLine:
+    # The program's name, not the one it was called by (a test's runner, python -m).
+    where = " ".join(["ggpo-batch", *(exc.ctx.command_path.split()[1:] if exc.ctx is not None else [])])
+    message = " ".join(exc.format_message().split())
+    return UsageLine(f"{where}: {message} (see `{where} --help`)", exc.ctx)
+
+
 class _Group(click.Group):
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         # Keep the arguments as given: sys.argv is not them when the CLI is called from Python
         # (tests, a scheduler), and provenance records the exact command.
         given = list(args)
-        ctx = super().make_context(info_name, args, parent=parent, **extra)
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except UsageLine:
+            raise
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
         ctx.meta.setdefault("ggpo.argv", given)
         return ctx
 
@@ -50,34 +70,91 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except GgpoError as exc:
-            click.echo(f"error: {redact(exc.message)}", err=True)
+            click.echo(f"error: {redact(_line(exc.message))}", err=True)
             ctx.exit(exc.exit_code)
+        except UsageLine:
+            raise
+        except click.UsageError as exc:
+            raise _one_line(exc) from None
         except Exception as exc:
-            problem = _unavailable(exc)
-            if problem is None:
+            found = _unavailable(exc)
+            if found is None:
                 raise
-            click.echo(f"error: {redact(problem)}", err=True)
-            ctx.exit(EXIT_UNAVAILABLE)
+            problem, code = found
+            click.echo(f"error: {redact(_line(problem))}", err=True)
+            ctx.exit(code)
 
 
-EXIT_UNAVAILABLE = 4  # a service (database, Redis, Slurm) could not be reached; try again later
+EXIT_BAD_INPUT = 2
+EXIT_UNAVAILABLE = 4  # a service (database, Redis, Slurm) could not be reached or used; try again later
 
 
-def _unavailable(exc: Exception) -> str | None:
-    """A one-line message for a service that could not be reached, else None (a bug: keep the traceback)."""
-    from sqlalchemy.exc import OperationalError
+def _line(text: str, limit: int = 2000) -> str:
+    """One line: newlines folded, very long text cut."""
+    one = " ".join(str(text).split())
+    return one if len(one) <= limit else one[:limit] + " ..."
 
-    if isinstance(exc, OperationalError):
-        first = str(exc.orig).strip().splitlines()[0] if exc.orig else str(exc).splitlines()[0]
-        return f"the ledger database is unavailable: {first}"
+
+def _first(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _unavailable(exc: Exception) -> tuple[str, int] | None:
+    """A one-line message and exit code for a database or Redis failure, else None (a bug: keep the
+    traceback). Every ledger call is one transaction, so after any of these nothing was half-written."""
+    from sqlalchemy.exc import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
+
+    if isinstance(exc, (OperationalError, InterfaceError)):
+        return f"the ledger database is unavailable: {_first(exc)}", EXIT_UNAVAILABLE
+    if isinstance(exc, DataError):  # a value the limits (ggpo_batch/limits.py) should have refused
+        return f"the ledger database refused a value, nothing was written: {_first(exc)}", EXIT_BAD_INPUT
+    if isinstance(exc, IntegrityError):
+        return (f"a concurrent change to the ledger conflicted with this one, nothing was written; run the "
+                f"command again ({_first(exc)})", EXIT_UNAVAILABLE)
+    if isinstance(exc, DatabaseError):  # SQLite: "file is not a database", "database disk image is malformed"
+        return (f"the ledger database cannot be used: {_first(exc)} (is GGPO_DB_URL a ggpo-batch ledger, and "
+                f"the file intact?)", EXIT_UNAVAILABLE)
     try:
         from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeout
     except ImportError:  # pragma: no cover
         return None
     if isinstance(exc, (RedisConnectionError, RedisTimeout)):
-        return f"Redis is unavailable: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        return f"Redis is unavailable: {_first(exc)[:300]}", EXIT_UNAVAILABLE
+    if isinstance(exc, RedisError):  # a protocol error: another service on that port
+        return f"Redis is unavailable: {_first(exc)[:120]} (is GGPO_REDIS_URL a Redis server?)", EXIT_UNAVAILABLE
     return None
+
+
+def _checked(check: str, *args: Any) -> Callable[[click.Context, click.Parameter, Any], Any]:
+    """A click callback that refuses a value (or each of a repeated option's values) by the limit
+    `ggpo_batch.limits.<check>`, before it reaches the ledger: one line, exit 2, on both backends.
+    (limits is imported when a value is checked: it reads the schema, and `--help` need not.)"""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+        from .. import limits
+
+        problem_of = getattr(limits, check)
+        for v in value if isinstance(value, tuple) else (value,):
+            problem = None if v is None else problem_of(v, *args)
+            if problem:
+                raise click.BadParameter(problem, ctx=ctx, param=param)
+        return value
+
+    return callback
+
+
+# Callbacks for arguments and options that reach the ledger (see ggpo_batch/limits.py).
+NAME_VALUE = _checked("name_problem")  # an experiment or queue name
+RUN_KEY_VALUE = _checked("run_key_problem")
+ARM_VALUE = _checked("arm_name_problem")
+TEXT_VALUE = _checked("text_problem")  # a reason, a cost basis: stored as text
+FINITE_VALUE = _checked("number_problem")
+VERSION_VALUE = _checked("version_problem")
+WORKER_VALUE = _checked("worker_name_problem")
 
 
 def invoked_command() -> str:
