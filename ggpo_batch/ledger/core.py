@@ -18,7 +18,7 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from ..errors import LedgerError
+from ..errors import LedgerError, Unavailable
 from ..states import REASON_TO_LEAVE, can_move
 from .schema import (
     Attempt,
@@ -60,7 +60,7 @@ def _retrying(method: Callable[..., T]) -> Callable[..., T]:
                 return method(self, *args, **kwargs)
             except (OperationalError, InterfaceError) as exc:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or _permanent(exc):
                     raise
                 first = str(exc.orig).splitlines()[0] if getattr(exc, "orig", None) else type(exc).__name__
                 log.warning("ledger unavailable (%s); retrying %s in %.1f s", first, method.__name__, min(delay, left))
@@ -68,6 +68,16 @@ def _retrying(method: Callable[..., T]) -> Callable[..., T]:
                 delay = min(delay * 2, 5.0)
 
     return wrapper
+
+
+# Failures that waiting does not cure: retrying them only delays the one-line error by minutes.
+_PERMANENT = ("readonly database", "unable to open database file", "file is not a database", "disk image is malformed",
+              "password authentication failed", "does not exist", "no pg_hba.conf entry")
+
+
+def _permanent(exc: Exception) -> bool:
+    text = str(getattr(exc, "orig", None) or exc)
+    return any(p in text for p in _PERMANENT)
 
 
 class LedgerCore:
@@ -113,7 +123,12 @@ class LedgerCore:
             with _PROCESS_LOCKS.setdefault(name, threading.Lock()):
                 yield
             return
-        with open(f"{path}.{name}.lock", "a+") as fh:
+        try:
+            fh = open(f"{path}.{name}.lock", "a+")  # noqa: SIM115 (closed by the with below)
+        except OSError as exc:  # a read-only folder or lock file: one line, exit 4, not a traceback
+            raise Unavailable(f"the ledger's lock file {path}.{name}.lock cannot be opened ({exc.strerror}); "
+                              f"the ledger's folder must be writable") from None
+        with fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             try:
                 yield

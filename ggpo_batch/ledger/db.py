@@ -8,6 +8,8 @@ read-then-write transaction under plain BEGIN loses updates between two writer p
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event, inspect
@@ -15,7 +17,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from ..config import REPO_DIR, redact
-from ..errors import ConfigError, SchemaBehindError
+from ..errors import ConfigError, LedgerError, SchemaBehindError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +45,11 @@ def make_engine(url: str) -> Engine:
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
         if u.database and u.database != ":memory:":
-            Path(u.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            folder = Path(u.database).expanduser().parent
+            try:
+                folder.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise Unavailable(f"the ledger's folder {folder} cannot be created ({exc.strerror})") from None
         engine = create_engine(url, connect_args={"timeout": 5}, poolclass=NullPool)
 
         @event.listens_for(engine, "connect")
@@ -61,7 +67,14 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4)
+    # A host that accepts the connection but never answers (another service on that port, a
+    # firewall that drops packets) must not hang a command: bounded connect, TCP keepalives after.
+    connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in u.query}
+    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+
+
+PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
+                   "keepalives_count": 3}
 
 
 def _alembic_config(engine: Engine):  # type: ignore[no-untyped-def]
@@ -92,15 +105,62 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate to `revision`; a database this code did not create, or a revision it does not know,
+    is refused (LedgerError, one line) before Alembic touches it."""
     from alembic import command
 
-    command.upgrade(_alembic_config(engine), revision)
+    _refuse_unknown_schema(engine)
+    with _alembic_errors(revision):
+        command.upgrade(_alembic_config(engine), revision)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
     from alembic import command
 
-    command.downgrade(_alembic_config(engine), revision)
+    _refuse_unknown_schema(engine)
+    with _alembic_errors(revision):
+        command.downgrade(_alembic_config(engine), revision)
+
+
+NOT_OURS = ("has tables but no ledger revision: it was not made by `ggpo-batch db upgrade`, or its alembic_version "
+            "table was lost; point GGPO_DB_URL at a ggpo-batch ledger or an empty database (db upgrade does not "
+            "write over tables it did not make)")
+
+
+def _refuse_unknown_schema(engine: Engine) -> None:
+    current = current_revision(engine)
+    where = redact(engine.url.render_as_string(hide_password=True))
+    if current is None:
+        if _ledger_tables(engine):
+            raise SchemaBehindError(f"the ledger at {where} {NOT_OURS}")
+        return
+    if current not in _known_revisions():
+        raise SchemaBehindError(f"the ledger at {where} is at revision {current}, which this code does not know "
+                                f"(newer than {head_revision()}?): upgrade ggpo-batch")
+
+
+def _ledger_tables(engine: Engine) -> set[str]:
+    """The ledger's own tables that exist in the database (other tables, and Alembic's, aside)."""
+    from .schema import Base
+
+    return set(inspect(engine).get_table_names()) & set(Base.metadata.tables)
+
+
+def _known_revisions() -> set[str]:
+    from alembic.script import ScriptDirectory
+
+    return {rev.revision for rev in ScriptDirectory(str(MIGRATIONS_DIR)).walk_revisions()}
+
+
+@contextmanager
+def _alembic_errors(revision: str) -> Iterator[None]:
+    """Alembic's own refusals (an unknown target revision) as one line."""
+    from alembic.util.exc import CommandError
+
+    try:
+        yield
+    except CommandError as exc:
+        raise LedgerError(f"cannot migrate the ledger to {revision!r}: {str(exc).splitlines()[0]}") from None
 
 
 def check_schema(engine: Engine) -> None:
@@ -111,9 +171,10 @@ def check_schema(engine: Engine) -> None:
         return
     where = redact(engine.url.render_as_string(hide_password=True))
     if current is None:
-        tables = inspect(engine).get_table_names()
-        state = "has no ledger schema" if not tables else "has tables but no ledger revision"
-        raise SchemaBehindError(f"the ledger at {where} {state}: run `ggpo-batch db upgrade`")
+        tables = _ledger_tables(engine)
+        if tables:
+            raise SchemaBehindError(f"the ledger at {where} {NOT_OURS}")
+        raise SchemaBehindError(f"the ledger at {where} has no ledger schema: run `ggpo-batch db upgrade`")
     from alembic.script import ScriptDirectory
 
     script = ScriptDirectory(str(MIGRATIONS_DIR))
