@@ -35,6 +35,9 @@ class EnqueueResult:
     dry_run: bool = False
     estimate: costguard.Estimate | None = None
     cap: costguard.CapCheck | None = None
+    # Runs already queued in the ledger that Redis did not hold (an earlier enqueue that failed on
+    # Redis, a Redis restart), put back on the queue by this enqueue.
+    restored: int = 0
 
 
 def new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
@@ -78,6 +81,8 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
             fault_pause(settings, "after_cost_check")
         res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
         if dry_run or not (todo or decided):
+            if same and not dry_run and latest is not None:
+                res.restored = restore_stranded(ledger, settings, latest, [r.run_key for r in runs])
             return res
         per_run = {e.run_key: e.gpu_hours for e in est.runs}
         if not cap.ok and not accept_cost_reason:
@@ -99,4 +104,30 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
     keys = [r.run_key for r in todo + decided]
     res.enqueued = RunQueue.from_url(settings.redis_url, queue_name).enqueue(keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)
+    if same and latest is not None:
+        just = set(keys)
+        res.restored = restore_stranded(ledger, settings, latest, [r.run_key for r in runs if r.run_key not in just])
     return res
+
+
+def restore_stranded(ledger: Ledger, settings: Settings, experiment: Any, run_keys: Sequence[str]) -> int:
+    """Put back on the queue those of `run_keys` that the ledger has as queued but Redis does not
+    hold: the runs of an enqueue that was written to the ledger and then failed on Redis (exit 4),
+    so that running the same enqueue again finishes the job instead of reporting nothing to do.
+    (reconcile does the same for every queue; this does it at once, for this experiment.)"""
+    if settings.inline_queue or not run_keys:
+        return 0
+    wanted = set(run_keys)
+    queued = [r.run_key for r in ledger.runs(experiment_id=experiment.id, states=["queued"])
+              if r.run_key in wanted and not (r.attempts and r.attempts[-1].state == "submitting")]
+    if not queued:
+        return 0
+    queue = RunQueue.from_url(settings.redis_url, settings.queue_for(experiment.queue))
+    present = queue.present()
+    missing = [k for k in queued if k not in present]
+    if missing:
+        queue.forget(missing)
+        queue.enqueue(missing)
+        log.warning("enqueue: %d queued run(s) of %s v%d were missing from Redis queue %s; put back",
+                    len(missing), experiment.name, experiment.version, queue.name)
+    return len(missing)

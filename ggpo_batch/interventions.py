@@ -55,6 +55,11 @@ def retry_run(ledger: Ledger, settings: Settings, run_key: str, *, actor: str, r
     if not reason.strip():
         raise LedgerError("a retry needs --reason: re-running until a seed works is selection")
     run = ledger.get_run(run_key)
+    if run.experiment.source != "spec":
+        # An imported run ran elsewhere: its row holds a summary of the record, not a run spec a
+        # worker can submit, so queueing it would fail on every attempt.
+        raise LedgerError(f"run {run_key} was imported from a results file ({run.experiment.source_path}); it has "
+                          f"no runnable spec and cannot be retried: enqueue a spec to run it again")
     if run.state not in RETRYABLE_RUN_STATES:
         raise LedgerError(f"run {run_key} is {run.state}; only {', '.join(RETRYABLE_RUN_STATES)} runs can be retried")
     ledger.requeue(run_key, actor=actor, reason=f"manual retry: {reason.strip()}")

@@ -15,6 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from sqlalchemy.exc import InterfaceError, OperationalError
+
 from .allocation import attempt_folder
 from .config import Settings
 from .errors import ExecutorError, LedgerError
@@ -27,6 +31,9 @@ from .settlement import over_allowance, retries_used, settle
 from .states import SCHEDULER_NODE_FAILURE
 
 log = logging.getLogger(__name__)
+
+# Failures of a whole service, not of one run: they end a cycle instead of being counted per run.
+SERVICE_DOWN = (OperationalError, InterfaceError, RedisConnectionError, RedisTimeoutError)
 
 # A `submitting` attempt younger than this may still be in its worker's hands.
 STALE_SUBMITTING = timedelta(seconds=60)
@@ -42,6 +49,8 @@ class ReconcileReport:
     requeued: int = 0
     refused_requeues: int = 0
     active: int = 0
+    # Runs whose reconcile raised this cycle (logged with the traceback); the others went on.
+    errors: int = 0
     executor_calls: dict[str, int] = field(default_factory=dict)
 
 
@@ -63,7 +72,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     for ex_name, pairs in groups.items():
         ex = executors.get(ex_name)
         if ex is None:
-            profile = RunSpec.from_dict(pairs[0][0].run_spec).profile
+            profile = _profile_of(pairs)
             ex = executors[ex_name] = make_executor(ex_name, jobs_dir=settings.jobs_dir, profile=profile)
         with_id = [(r, a) for r, a in pairs if a.job_id]
         # ONE call for all ids: each job's latest state and every run the scheduler made of it (a
@@ -93,14 +102,26 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                     rep.started += 1
             except LedgerError as exc:  # another reconciler got there first
                 log.info("reconcile %s: %s", run.run_key, exc.message)
+            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
+                raise
+            except Exception:  # one bad run must not stop reconcile for the others
+                log.exception("reconcile %s: failed; the other runs go on", run.run_key)
+                rep.errors += 1
         for run, att in pairs:
             if att.job_id or att.state != "submitting":
                 continue
             if run.run_key in busy or utcnow() - att.created_at < stale_after:
                 continue  # its worker may still be submitting it
-            spec = RunSpec.from_dict(run.run_spec)
-            folder = attempt_folder(settings.jobs_dir, run.run_key, att.number)
-            job_id = ex.find(spec, att.number, folder)
+            try:
+                spec = RunSpec.from_dict(run.run_spec)
+                folder = attempt_folder(settings.jobs_dir, run.run_key, att.number)
+                job_id = ex.find(spec, att.number, folder)
+            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
+                raise
+            except Exception:  # one bad run must not stop reconcile for the others
+                log.exception("reconcile %s: cannot look for its job; the other runs go on", run.run_key)
+                rep.errors += 1
+                continue
             try:
                 ledger.resolve_submitting(run.run_key, att.number, job_id=job_id, actor=actor,
                                           reason="worker died while submitting; " + (
@@ -112,10 +133,26 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                     rep.retried += 1
             except LedgerError as exc:
                 log.info("reconcile %s: %s", run.run_key, exc.message)
+            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
+                raise
+            except Exception:  # one bad run must not stop reconcile for the others
+                log.exception("reconcile %s: failed; the other runs go on", run.run_key)
+                rep.errors += 1
 
     rep.requeued = _requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     return rep
+
+
+def _profile_of(pairs: Sequence[tuple[Run, Attempt]]) -> str:
+    """The executor profile of a group: that of its first run whose spec reads (a run with a bad
+    spec is counted in its own loop body, and must not stop the others)."""
+    for run, _att in pairs:
+        try:
+            return RunSpec.from_dict(run.run_spec).profile
+        except Exception:  # noqa: BLE001
+            continue
+    return "default"
 
 
 def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str, queue: RunQueue | None) -> bool:

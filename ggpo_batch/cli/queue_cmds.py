@@ -56,7 +56,7 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                              "new": r.run_key in res.new_runs,
                              "estimated_gpu_hours": est[r.run_key].gpu_hours if r.run_key in est else None}
                             for r in res.runs],
-                   "enqueued": res.enqueued,
+                   "enqueued": res.enqueued, "restored": res.restored,
                    "estimated_gpu_hours": res.estimate.total_gpu_hours if res.estimate else None,
                    "cost_basis": res.estimate.cost_basis if res.estimate else None,
                    "within_caps": res.cap.ok if res.cap else None})
@@ -73,7 +73,9 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
         click.echo("dry run: nothing written")
     else:
         click.echo(f"{res.experiment} v{res.version}: {res.enqueued} run(s) queued on {res.queue!r}, "
-                   f"{len(res.runs) - len(res.new_runs)} already in the ledger")
+                   f"{len(res.runs) - len(res.new_runs)} already in the ledger"
+                   + (f", {res.restored} of them put back on the queue (queued in the ledger, missing from Redis)"
+                      if res.restored else ""))
 
 
 @cli.command()
@@ -168,3 +170,6 @@ def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_
     else:
         click.echo(f"polled {rep.polled}, ended {rep.ended}, started {rep.started}, resolved "
                    f"{rep.resolved_submitting} unsubmitted, re-queued {rep.requeued}; {rep.active} active")
+    if rep.errors:
+        click.echo(f"warning: {rep.errors} run(s) could not be reconciled (see the log, -v); the others were",
+                   err=True)
