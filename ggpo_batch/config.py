@@ -9,7 +9,6 @@ from __future__ import annotations
 import getpass
 import logging
 import os
-import re
 import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,9 +32,12 @@ def _data_dir(env: Mapping[str, str]) -> Path:
 
 
 def _secret(env: Mapping[str, str], name: str) -> str | None:
-    """`NAME` from env, else the contents of the file named by `NAME_FILE`, which must be 0600."""
+    """`NAME` from env, else the contents of the file named by `NAME_FILE`, which must be 0600 and
+    a regular file (a FIFO would block, a device never end)."""
+    from . import limits
+
     if env.get(name):
-        return env[name].strip()
+        return _url(name, env[name].strip())
     path = env.get(f"{name}_FILE")
     if not path:
         return None
@@ -46,7 +48,26 @@ def _secret(env: Mapping[str, str], name: str) -> str | None:
         raise ConfigError(f"{name}_FILE={path}: cannot read ({exc.strerror})") from None
     if stat.S_IMODE(st.st_mode) & 0o077:
         raise ConfigError(f"{name}_FILE={path}: permissions {stat.S_IMODE(st.st_mode):04o}; must be 0600 (chmod 600)")
-    return p.read_text().strip()
+    try:
+        raw = limits.read_input_file(p, max_bytes=limits.SECRET_FILE_MAX_BYTES, what="secrets file")
+    except limits.InputRefused as exc:
+        raise ConfigError(f"{name}_FILE={path}: {exc.problem}") from None
+    try:
+        return _url(name, raw.decode("utf-8").strip())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{name}_FILE={path}: is not UTF-8 text") from None
+
+
+def _url(name: str, url: str) -> str:
+    """A service URL from the environment, checked (the message never shows it) and its password
+    remembered, so that `redact` hides it wherever it appears."""
+    from . import limits
+
+    _remember_password(url)  # even when refused below: a later message might still quote it
+    problem = limits.url_problem(url) or limits.text_problem(url, single_line=True)
+    if problem:
+        raise ConfigError(f"{name}: {problem}")
+    return url
 
 
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -115,13 +136,23 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
     data_dir = _data_dir(env)
     db_url = _secret(env, "GGPO_DB_URL") or f"sqlite:///{data_dir / 'ledger.sqlite3'}"
     redis_url = _secret(env, "GGPO_REDIS_URL") or "redis://127.0.0.1:6379/0"
+    from . import limits
+
     user = env.get("GGPO_USER") or _login()
+    problem = limits.user_problem(user)
+    if problem:
+        raise ConfigError(f"GGPO_USER {problem}" if env.get("GGPO_USER") else
+                          f"the login name {problem}; set GGPO_USER")
+    queue = env.get("GGPO_QUEUE") or "ggpo"
+    problem = limits.name_problem(queue)
+    if problem:
+        raise ConfigError(f"GGPO_QUEUE {problem}")
     return Settings(
         db_url=db_url,
         redis_url=redis_url,
         data_dir=data_dir,
         user=user,
-        queue=env.get("GGPO_QUEUE") or "ggpo",
+        queue=queue,
         queue_gpu_quota=_int(env, "GGPO_QUEUE_GPU_QUOTA", 0),
         defer_seconds=_int(env, "GGPO_DEFER_SECONDS", 30),
         user_gpu_hours_cap=_float(env, "GGPO_USER_GPU_HOURS_CAP"),
@@ -163,9 +194,72 @@ def _login() -> str:
         return f"uid{os.getuid()}"
 
 
-_URL_PASSWORD = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:/@\s]*):(?P<pw>[^@\s]*)@", re.IGNORECASE)
+# Passwords of the URLs this process was configured with (raw and percent-decoded): hidden by
+# `redact` wherever they appear, even outside a URL. Shorter ones would blank out ordinary words.
+_PASSWORDS: set[str] = set()
+_MIN_REMEMBERED = 4
+
+
+def _remember_password(url: str) -> None:
+    from urllib.parse import unquote
+
+    from .limits import url_userinfo
+
+    userinfo = url_userinfo(url)
+    if userinfo is None or ":" not in userinfo:
+        return
+    password = userinfo.split(":", 1)[1]
+    _PASSWORDS.update(p for p in (password, unquote(password)) if len(p) >= _MIN_REMEMBERED)
+
+
+def _redact_url(url: str) -> str:
+    """One URL with the password of its `user:password@` part replaced by ***. The userinfo ends at
+    the last '@' (RFC 3986; urllib and redis-py read it so), so a raw '@', ':' or any other reserved
+    character in a password is hidden whole; an '@' later in the text only hides more, never less."""
+    scheme, _sep, rest = url.partition("://")
+    if rest.startswith("/"):
+        return url
+    at = rest.rfind("@")
+    if at < 0:
+        return url
+    user, colon, _password = rest[:at].partition(":")
+    if not colon:
+        return url
+    return f"{scheme}://{user}:***@{rest[at + 1:]}"
+
+
+def _scheme_start(text: str, sep: int) -> int:
+    """Where the scheme of the `://` at `sep` starts (RFC 3986: a letter, then letters, digits, + - .)."""
+    i = sep
+    while i > 0 and (text[i - 1].isascii() and (text[i - 1].isalnum() or text[i - 1] in "+-.")):
+        i -= 1
+    while i < sep and not text[i].isalpha():
+        i += 1
+    return i
 
 
 def redact(text: str) -> str:
-    """`text` with the password of every URL in it replaced by ***."""
-    return _URL_PASSWORD.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+    """`text` with the password of every URL in it, and every configured password, replaced by ***.
+
+    Each URL is found by its `://` and runs to the next whitespace (a password may not hold raw
+    whitespace: `limits.url_problem`); its password is cut out by `_redact_url`, not by a pattern."""
+    out: list[str] = []
+    pos = 0
+    while True:
+        sep = text.find("://", pos)
+        if sep < 0:
+            out.append(text[pos:])
+            break
+        start = max(_scheme_start(text, sep), pos)
+        end = sep + 3
+        while end < len(text) and not text[end].isspace():
+            end += 1
+        if start == sep:  # no scheme: not a URL
+            out.append(text[pos:end])
+        else:
+            out.append(text[pos:start] + _redact_url(text[start:end]))
+        pos = end
+    result = "".join(out)
+    for password in sorted(_PASSWORDS, key=len, reverse=True):
+        result = result.replace(password, "***")
+    return result

@@ -14,13 +14,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy.exc import IntegrityError
+
+from . import limits
 from .errors import RecordError
 from .ledger import Ledger, NewRun
 from .ledger.schema import utcnow
 from .run_record import check_results_file
 from .spec import run_key
 
-MAX_RESULTS_BYTES = 64 << 20
+MAX_RESULTS_BYTES = limits.RESULTS_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -33,20 +36,43 @@ class ImportReport:
 
 
 def _load(path: Path) -> tuple[Any, bytes]:
-    if not path.exists():
-        raise RecordError(f"{path}: no such file")
-    if path.is_dir():
-        raise RecordError(f"{path}: is a directory, not a results file")
-    size = path.stat().st_size
-    if size > MAX_RESULTS_BYTES:
-        raise RecordError(f"{path}: {size} bytes; a results file is at most {MAX_RESULTS_BYTES}")
-    raw = path.read_bytes()
-    if not raw.strip():
-        raise RecordError(f"{path}: is empty")
+    """The parsed file and its bytes: a regular file within the size limit, JSON within the limits
+    (no NaN or Infinity, integers of at most 64 bits, bounded nesting), checked before anything is read
+    into the ledger."""
     try:
-        return json.loads(raw), raw
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecordError(f"{path}: not valid JSON (truncated or corrupt?): {exc}") from None
+        raw = limits.read_input_file(path, max_bytes=MAX_RESULTS_BYTES, what="results file")
+        if not raw.strip():
+            raise limits.InputRefused("is empty")
+        return limits.load_json(raw), raw
+    except limits.InputRefused as exc:
+        raise RecordError(f"{path}: {exc.problem}") from None
+
+
+def _identity_problems(data: Any) -> list[str]:
+    """What the ledger and the queue need of each record beyond the seed-000 schema: an arm name a
+    run key (an RQ job id) can hold and a seed that fits the ledger, on SQLite and PostgreSQL alike."""
+    if not isinstance(data, dict):
+        return []
+    problems = []
+    for key, rec in data.items():
+        if not isinstance(rec, dict):
+            continue
+        problem = limits.arm_name_problem(rec.get("arm")) if isinstance(rec.get("arm"), str) else None
+        if problem:
+            problems.append(f"{key}.arm {problem}")
+        seed = rec.get("seed")
+        problem = limits.seed_problem(seed) if isinstance(seed, int) and not isinstance(seed, bool) else None
+        if problem:
+            problems.append(f"{key}.seed {problem}")
+        timing = rec.get("timing")
+        if isinstance(timing, dict):
+            gpus, elapsed = timing.get("gpus"), timing.get("elapsed_seconds")
+            if isinstance(gpus, int) and not isinstance(gpus, bool) and limits.int_problem(gpus, 0, limits.INT32_MAX):
+                problems.append(f"{key}.timing.gpus {limits.int_problem(gpus, 0, limits.INT32_MAX)}")
+            if isinstance(elapsed, (int, float)) and not isinstance(elapsed, bool) and \
+                    elapsed > limits.DURATION_MAX_SECONDS:
+                problems.append(f"{key}.timing.elapsed_seconds is {elapsed:g}; at most {limits.DURATION_MAX_SECONDS}")
+    return problems
 
 
 def default_name(path: Path) -> str:
@@ -66,10 +92,14 @@ def import_results(ledger: Ledger, path: str | Path, *, actor: str, name: str | 
     """Import `path`; return what happened. Raises RecordError listing every broken record."""
     path = Path(path)
     data, raw = _load(path)
-    problems = check_results_file(data)
+    problems = check_results_file(data) + _identity_problems(data)
     if problems:
         shown = "; ".join(problems[:10]) + (f"; ... {len(problems) - 10} more" if len(problems) > 10 else "")
         raise RecordError(f"{path}: {len(problems)} problem(s), nothing imported: {shown}")
+    if name is not None and limits.name_problem(name):
+        raise RecordError(f"--name {limits.name_problem(name)}")
+    if limits.name_problem(method):
+        raise RecordError(f"--method {limits.name_problem(method)}")
     name = name or default_name(path)
     spec_hash = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     total = sum(r["timing"]["allocated_gpu_hours_through_evaluation"] for r in data.values())
@@ -101,9 +131,18 @@ def import_results(ledger: Ledger, path: str | Path, *, actor: str, name: str | 
         }))
     arms = sorted({r["arm"] for r in records})
     seeds = sorted({r["seed"] for r in records})
-    spec = {"imported_from": path.name, "arms": arms, "seeds": seeds, "sha256": hashlib.sha256(raw).hexdigest(),
+    spec = {"imported_from": limits.path_text(path.name), "arms": arms, "seeds": seeds, "sha256": hashlib.sha256(raw).hexdigest(),
             "loop_budget_seconds": sorted({r["budget"]["budget_seconds"] for r in records})}
-    ledger.import_finished(name=name, version=version, method=method, spec_hash=spec_hash, spec=spec,
-                           gpus=max(r["timing"]["gpus"] for r in records), actor=actor, source_path=str(path),
-                           runs=runs, outcomes=outcomes)
+    try:
+        ledger.import_finished(name=name, version=version, method=method, spec_hash=spec_hash, spec=spec,
+                               gpus=max(r["timing"]["gpus"] for r in records), actor=actor,
+                               source_path=limits.path_text(path), runs=runs, outcomes=outcomes)
+    except IntegrityError:
+        # Another import of this name committed between our check and our write (the transaction
+        # rolled back whole): the same file is already imported; a different one is refused.
+        existing = ledger.latest_experiment(name)
+        if existing is not None and existing.spec_hash == spec_hash:
+            return ImportReport(name, existing.version, len(data), False, total)
+        raise RecordError(f"{path}: experiment {name!r} was created meanwhile with different content; "
+                          f"import it under another --name") from None
     return ImportReport(name, version, len(data), True, total)

@@ -16,21 +16,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import limits
 from .errors import SpecError
 from .executor import EXECUTOR_NAMES
 from .runspec import EXPOSURES, ArmSpec, RunSpec
 
 SPEC_SCHEMA = 1
 METHODS = ("ggpo",)
-MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_BYTES = limits.SPEC_MAX_BYTES
 MAX_SEEDS = 1000
 MAX_ARMS = 64
 MAX_GPUS = 64
 MAX_BUDGET_SECONDS = 30 * 24 * 3600.0
 MAX_RETRIES = 10
 
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-ARM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]{0,63}$")  # no '-': run keys split on it
+NAME = limits.NAME
+ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
 _EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "loop_budget_seconds", "executor", "profile",
                     "max_gpu_hours", "retries", "queue"}
@@ -118,25 +119,24 @@ def run_key(experiment: str, version: int, seed: int, arm: str) -> str:
 
 def _read(path: Path) -> dict[str, Any]:
     p = str(path)
-    if not path.exists():
-        raise SpecError(p, "", "no such file")
-    if path.is_dir():
-        raise SpecError(p, "", "is a directory, not a spec file")
-    size = path.stat().st_size
-    if size == 0:
-        raise SpecError(p, "", "is empty")
-    if size > MAX_SPEC_BYTES:
-        raise SpecError(p, "", f"is {size} bytes; a spec is at most {MAX_SPEC_BYTES} bytes")
     try:
-        text = path.read_bytes().decode("utf-8")
+        raw = limits.read_input_file(path, max_bytes=MAX_SPEC_BYTES, what="spec file")
+    except limits.InputRefused as exc:
+        raise SpecError(p, "", exc.problem) from None
+    if not raw:
+        raise SpecError(p, "", "is empty")
+    try:
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SpecError(p, "", f"is not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise SpecError(p, "", f"cannot be read ({exc.strerror})") from None
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SpecError(p, "", f"invalid TOML: {exc}") from None
+    except RecursionError:
+        raise SpecError(p, "", f"invalid TOML: nested too deep (at most {limits.JSON_MAX_DEPTH})") from None
+    except ValueError as exc:  # an integer of more than 4,300 digits
+        raise SpecError(p, "", f"invalid TOML: {str(exc).split(':')[0]}") from None
 
 
 def _unknown(p: str, where: str, table: Mapping[str, Any], allowed: set[str]) -> None:
@@ -160,8 +160,9 @@ def _kind(v: Any) -> str:
 def _int(p: str, where: str, v: Any, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int):
         raise SpecError(p, where, f"must be an integer, got {_kind(v)}")
-    if not lo <= v <= hi:
-        raise SpecError(p, where, f"must be between {lo} and {hi}, got {v}")
+    problem = limits.int_problem(v, lo, hi)
+    if problem:
+        raise SpecError(p, where, problem)
     return v
 
 
@@ -181,14 +182,17 @@ def _str(p: str, where: str, v: Any, pattern: re.Pattern[str] | None = None, cho
     if choices and v not in choices:
         raise SpecError(p, where, f"must be one of {', '.join(choices)}, got {v!r}")
     if pattern is not None and not pattern.match(v):
-        raise SpecError(p, where, f"{v!r} is not a valid name (letters, digits, '_' or '-', at most 64)")
+        raise SpecError(p, where, f"{v!r} is not a valid name ({limits.NAME_RULE})")
+    problem = limits.text_problem(v)
+    if problem:
+        raise SpecError(p, where, problem)
     return v
 
 
 def _arm(p: str, name: str, table: Any) -> ArmSpec:
     where = f"arms.{name}"
     if not ARM_NAME.match(name):
-        raise SpecError(p, where, f"arm name {name!r} must be letters, digits and '_' (at most 64)")
+        raise SpecError(p, where, f"arm name {name!r} must be {limits.ARM_NAME_RULE}")
     t = _table(p, where, table)
     _unknown(p, where, t, _ARM_KEYS)
     exposure = _str(p, f"{where}.exposure", t.get("exposure", "none"), choices=EXPOSURES)
@@ -196,6 +200,10 @@ def _arm(p: str, name: str, table: Any) -> ArmSpec:
     templates = t.get("templates", [])
     if not isinstance(templates, list) or not all(isinstance(x, str) and x for x in templates):
         raise SpecError(p, f"{where}.templates", "must be an array of non-empty strings")
+    for i, x in enumerate(templates):
+        problem = limits.text_problem(x, max_chars=limits.NAME_MAX, single_line=True)
+        if problem:
+            raise SpecError(p, f"{where}.templates[{i}]", problem)
     if len(set(templates)) != len(templates):
         raise SpecError(p, f"{where}.templates", "has duplicates")
     aux = t.get("auxiliary_answer_loss", False)
@@ -236,13 +244,16 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
         raise SpecError(p, "experiment.seeds", "must be a non-empty array of integers")
     if len(seeds) > MAX_SEEDS:
         raise SpecError(p, "experiment.seeds", f"has {len(seeds)} seeds; at most {MAX_SEEDS}")
-    seeds = [_int(p, f"experiment.seeds[{i}]", s, 0, 2**63 - 1) for i, s in enumerate(seeds)]
+    seeds = [_int(p, f"experiment.seeds[{i}]", s, limits.SEED_MIN, limits.SEED_MAX) for i, s in enumerate(seeds)]
     dup = sorted({s for s in seeds if seeds.count(s) > 1})
     if dup:
         raise SpecError(p, "experiment.seeds", f"duplicate seed(s) {dup}")
     description = e.get("description", "")
     if not isinstance(description, str):
         raise SpecError(p, "experiment.description", f"must be a string, got {_kind(description)}")
+    problem = limits.text_problem(description)
+    if problem:
+        raise SpecError(p, "experiment.description", problem)
     gpus = _int(p, "experiment.gpus", e.get("gpus", 4), 1, MAX_GPUS)
     budget = _num(p, "experiment.loop_budget_seconds", e.get("loop_budget_seconds", 2700), 0, MAX_BUDGET_SECONDS,
                   open_lo=True)
@@ -271,6 +282,9 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
 
     train = _table(p, "train", data.get("train", {}))
     _validate_train(p, train)
+    problem = limits.json_problem(train)  # stored as JSON in the ledger: finite, bounded, plain
+    if problem:
+        raise SpecError(p, "train", problem)
     return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                           loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                           retries=retries, queue=queue, description=description, overheads=overheads,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .app import App, cli, echo_json, pass_app
+from .app import FINITE_VALUE, NAME_VALUE, RUN_KEY_VALUE, TEXT_VALUE, WORKER_VALUE, App, cli, echo_json, pass_app
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -25,11 +25,11 @@ def _seeds(value: str | None) -> list[int] | None:
 @click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=str))
 @click.option("--arms", help="Only these arms (comma-separated).")
 @click.option("--seeds", help="Only these seeds (comma-separated).")
-@click.option("--queue", help="Queue name (default: the spec's, else GGPO_QUEUE).")
+@click.option("--queue", callback=NAME_VALUE, help="Queue name (default: the spec's, else GGPO_QUEUE).")
 @click.option("--dry-run", is_flag=True, help="Print the runs and their cost estimate; write nothing.")
 @click.option("--new-version", is_flag=True, help="The spec changed on purpose: start a new experiment version.")
 @click.option("--accept-cost", is_flag=True, help="Queue even over a GPU-hour cap (needs --reason).")
-@click.option("--reason", help="Why the cost is accepted (recorded in the ledger).")
+@click.option("--reason", callback=TEXT_VALUE, help="Why the cost is accepted (recorded in the ledger).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
 def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue: str | None, dry_run: bool,
@@ -79,9 +79,9 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
 
 
 @cli.command()
-@click.option("--queue", "queues", multiple=True, help="Queue(s) to work (default GGPO_QUEUE).")
+@click.option("--queue", "queues", multiple=True, callback=NAME_VALUE, help="Queue(s) to work (default GGPO_QUEUE).")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty and this queue's runs have ended.")
-@click.option("--name", help="Worker name (default: RQ's host.pid name).")
+@click.option("--name", callback=WORKER_VALUE, help="Worker name (default: RQ's host.pid name).")
 @click.option("--reconcile-interval", default=30, show_default=True, type=click.IntRange(5, 3600),
               help="Seconds between reconcile cycles (one per interval across all workers).")
 @pass_app
@@ -101,16 +101,19 @@ def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, rec
 
 
 @cli.command()
-@click.argument("run_key", required=False)
-@click.option("--experiment", "-e", help="Cancel every unfinished run of this experiment (all versions).")
-@click.option("--reason", help="Why (recorded).")
+@click.argument("run_key", required=False, callback=RUN_KEY_VALUE)
+@click.option("--experiment", "-e", callback=NAME_VALUE,
+              help="Cancel every unfinished run of this experiment (all versions).")
+@click.option("--reason", callback=TEXT_VALUE, help="Why (recorded).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
 def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | None, as_json: bool) -> None:
     """Cancel RUN_KEY, or every unfinished run of --experiment: queued jobs removed, allocations scancelled."""
     from ..interventions import cancel_runs
 
-    if bool(run_key) == bool(experiment):
+    if run_key is None and experiment is None:
+        raise click.UsageError("give a RUN_KEY or --experiment NAME")
+    if run_key is not None and experiment is not None:
         raise click.UsageError("give a RUN_KEY or --experiment, not both")
     led = app.ledger()
     if experiment:
@@ -132,8 +135,9 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
 
 
 @cli.command()
-@click.argument("run_key")
-@click.option("--reason", required=True, help="Why this run is tried again (recorded with your user name).")
+@click.argument("run_key", callback=RUN_KEY_VALUE)
+@click.option("--reason", required=True, callback=TEXT_VALUE,
+              help="Why this run is tried again (recorded with your user name).")
 @pass_app
 def retry(app: App, run_key: str, reason: str) -> None:
     """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors."""
@@ -144,9 +148,10 @@ def retry(app: App, run_key: str, reason: str) -> None:
 
 
 @cli.command()
-@click.option("--queue", "queues", multiple=True, help="Queue(s) to reconcile (default GGPO_QUEUE).")
+@click.option("--queue", "queues", multiple=True, callback=NAME_VALUE, help="Queue(s) to reconcile (default GGPO_QUEUE).")
 @click.option("--wait", is_flag=True, help="Repeat until no attempt of these queues is active.")
-@click.option("--timeout", default=3600.0, show_default=True, help="Seconds --wait waits at most.")
+@click.option("--timeout", default=3600.0, show_default=True, type=click.FloatRange(min=0), callback=FINITE_VALUE,
+              help="Seconds --wait waits at most.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
 def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_json: bool) -> None:

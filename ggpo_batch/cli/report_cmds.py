@@ -11,15 +11,16 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .app import App, cli, echo_json, pass_app
+from .app import ARM_VALUE, FINITE_VALUE, NAME_VALUE, TEXT_VALUE, VERSION_VALUE, App, cli, echo_json, pass_app
 from .ledger_cmds import ledger as ledger_group
 from .tables import _f
 
 
 @cli.command()
-@click.argument("experiment")
-@click.option("--version", "version", type=int, help="Experiment version (default: the latest).")
-@click.option("--baseline", default="clean", show_default=True, help="Arm the others are compared with, by seed.")
+@click.argument("experiment", callback=NAME_VALUE)
+@click.option("--version", "version", type=int, callback=VERSION_VALUE, help="Experiment version (default: the latest).")
+@click.option("--baseline", default="clean", show_default=True, callback=ARM_VALUE,
+              help="Arm the others are compared with, by seed.")
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write PNG plots (GPU-hours per arm, steps per arm) into this folder.")
@@ -98,14 +99,16 @@ def print_report(data: Mapping[str, Any], console: Console | None = None) -> Non
 
 
 @cli.command()
-@click.argument("experiment")
+@click.argument("experiment", callback=NAME_VALUE)
 @click.option("--not-reproduced", "not_reproduced", is_flag=True,
               help="Decide not to reproduce EXPERIMENT because of its cost (the one decision made by hand).")
-@click.option("--reason", required=True, help="Why, in a sentence (kept in the ledger).")
-@click.option("--cost-basis", required=True, help="What the cost figure rests on (e.g. the paper's setup).")
-@click.option("--cost-type", help="Kind of figure (default: a reported configuration judged by review).")
-@click.option("--available-budget", help="What compute was available, in words.")
-@click.option("--estimated-gpu-hours", type=click.FloatRange(min=0), help="The cost judged, if known.")
+@click.option("--reason", required=True, callback=TEXT_VALUE, help="Why, in a sentence (kept in the ledger).")
+@click.option("--cost-basis", required=True, callback=TEXT_VALUE,
+              help="What the cost figure rests on (e.g. the paper's setup).")
+@click.option("--cost-type", callback=TEXT_VALUE, help="Kind of figure (default: a reported configuration judged by review).")
+@click.option("--available-budget", callback=TEXT_VALUE, help="What compute was available, in words.")
+@click.option("--estimated-gpu-hours", type=click.FloatRange(min=0), callback=FINITE_VALUE,
+              help="The cost judged, if known.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
 def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_basis: str, cost_type: str | None,
@@ -134,7 +137,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), required=True, help="Output format.")
 @click.option("--table", type=click.Choice(["runs", "attempts"]),
               help="Which table (CSV: default runs; JSON: default both).")
-@click.option("--experiment", "-e", help="Only this experiment (all its versions).")
+@click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment (all its versions).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="File (default: stdout).")
 @pass_app
 def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None, output: Path | None) -> None:
@@ -144,11 +147,19 @@ def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None,
     if output is None:
         export_ledger(app.ledger(), sys.stdout, fmt=fmt, table=table, experiment=experiment)
         return
+    from ..errors import GgpoError
+
+    led = app.ledger()
     tmp = output.with_name(output.name + ".part")
     try:
         with tmp.open("w", newline="", encoding="utf-8") as fh:
-            n = export_ledger(app.ledger(), fh, fmt=fmt, table=table, experiment=experiment)
+            n = export_ledger(led, fh, fmt=fmt, table=table, experiment=experiment)
         tmp.replace(output)  # a reader never sees half a file
+    except OSError as exc:
+        raise GgpoError(f"{output}: cannot write the export ({exc.strerror or exc}); nothing written") from None
     finally:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
     click.echo(f"wrote {n} rows to {output}", err=True)
