@@ -195,10 +195,18 @@ class RunQueue:
         def wanted(key: str) -> bool:
             return keys is None or key in keys
 
-        for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
-            key = run_key_of_id(job_id)
-            if wanted(key) and key not in info:
-                info[key] = {"queue_position": pos, "queue": self.name}
+        if keys is None:  # every run: one read of the whole id list
+            for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
+                key = run_key_of_id(job_id)
+                if key not in info:
+                    info[key] = {"queue_position": pos, "queue": self.name}
+        else:  # a page of runs: Redis finds each id in the list (LPOS), nothing is transferred
+            with self.connection.pipeline(transaction=False) as pipe:
+                for key in sorted(keys):
+                    pipe.lpos(self.queue.key, key)
+                for key, pos in zip(sorted(keys), pipe.execute()):
+                    if pos is not None:
+                        info[key] = {"queue_position": int(pos) + 1, "queue": self.name}
         for job_id in self._scheduled_registry().get_job_ids():
             key = run_key_of_id(job_id)
             if wanted(key):

@@ -15,6 +15,8 @@ RUN_STATES = ("queued", "submitted", "running", "succeeded", "failed", "timeout"
               "not_reproduced")
 # A run that may hold or be waiting for an allocation, or be waiting on the queue.
 UNFINISHED_RUN_STATES = frozenset({"queued", "submitted", "running"})
+# Runs that may carry a result record (one that ended, or was imported with its record).
+RECORD_RUN_STATES = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"})
 # `status` lists these by default (with flagged succeeded runs): what needs a look.
 ATTENTION_RUN_STATES = ("failed", "lost", "timeout", "running", "submitted", "queued")
 # Cancel acts on these; retry (by hand) on RETRYABLE_RUN_STATES.

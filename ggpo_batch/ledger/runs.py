@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import exists, func, insert, literal, null, select
+from sqlalchemy import func, insert, literal, null, select
 from sqlalchemy.orm import Session, undefer
 
 from ..errors import LedgerError
@@ -152,10 +152,12 @@ class RunTransitions(LedgerCore):
         is on `default_queue`), leaving out those whose attempt is being submitted right now. One
         column of one query: reconcile compares it with Redis' id lists, at any backlog."""
         with self.session() as s:
-            q = (select(Run.run_key).join(Experiment, Experiment.id == Run.experiment_id)
-                 .where(Run.state == "queued", func.coalesce(Experiment.queue, default_queue) == queue)
-                 .where(~exists().where(Attempt.run_id == Run.id, Attempt.state == "submitting")))
-            return set(s.scalars(q))
+            exps = list(s.scalars(select(Experiment.id).where(func.coalesce(Experiment.queue, default_queue) == queue)))
+            if not exps:
+                return set()
+            busy = set(s.scalars(select(Run.run_key).join(Attempt, Attempt.run_id == Run.id)
+                                 .where(Attempt.state == "submitting")))
+            return set(s.scalars(select(Run.run_key).where(Run.state == "queued", Run.experiment_id.in_(exps)))) - busy
 
     def queued_executors(self, queues: Iterable[str], *, default_queue: str) -> set[str]:
         """The executors named by the runs queued on these queues."""

@@ -17,6 +17,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Text,
@@ -77,7 +78,9 @@ class Experiment(Base):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (UniqueConstraint("experiment_id", "arm", "seed", name="uq_run_experiment_arm_seed"),)
+    __table_args__ = (UniqueConstraint("experiment_id", "arm", "seed", name="uq_run_experiment_arm_seed"),
+                      # status totals come from this index alone (migration 0002)
+                      Index("ix_runs_status_totals", "experiment_id", "arm", "state", "estimated_gpu_hours"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)

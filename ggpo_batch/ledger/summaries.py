@@ -12,7 +12,7 @@ from sqlalchemy.orm import selectinload
 
 from ..accounting import disagrees_clause
 from ..run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED
-from ..states import ATTENTION_RUN_STATES
+from ..states import RECORD_RUN_STATES
 from .core import LedgerCore
 from .schema import Attempt, Run
 
@@ -45,22 +45,34 @@ class ArmTotals:
 class RunSummaries(LedgerCore):
     """Status reads: totals by (experiment, arm, state) and bounded pages of runs."""
 
-    def arm_totals(self, experiment_ids: Sequence[int]) -> list[ArmTotals]:
-        """Totals per (experiment, arm, state), in two GROUP BY queries."""
+    def arm_totals(self, experiment_ids: Sequence[int], *, states: Iterable[str] | None = None) -> list[ArmTotals]:
+        """Totals per (experiment, arm, state) over the runs in `states` (all if None), in three
+        GROUP BY queries: run counts and estimates from the `ix_runs_status_totals` index alone;
+        the record's figures (steps, stamps) from finished runs only, the only ones with a record;
+        attempts through their own index. A backlog of queued runs is never read row by row."""
         if not experiment_ids:
             return []
         keys = (Run.experiment_id, Run.arm, Run.state)
+        where = [Run.experiment_id.in_(list(experiment_ids))]
+        if states is not None:
+            where.append(Run.state.in_(list(states)))
         cells: dict[tuple[int, str, str], ArmTotals] = {}
         with self.session() as s:
-            runs_q = (select(*keys, func.count(Run.id), func.sum(Run.estimated_gpu_hours), func.sum(_STEPS),
-                             func.sum(case((AUDIT_FAILED, 1), else_=0)), func.sum(case((BUDGET_SHORT, 1), else_=0)))
-                      .where(Run.experiment_id.in_(list(experiment_ids))).group_by(*keys))
-            for e, arm, st, n, est, steps, failed, short in s.execute(runs_q):
-                cells[(e, arm, st)] = ArmTotals(e, arm, st, runs=n, steps=int(steps or 0), estimated_gpu_hours=est,
-                                                audit_failed=int(failed or 0), budget_not_reconciled=int(short or 0))
+            for e, arm, st, n, est in s.execute(select(*keys, func.count(), func.sum(Run.estimated_gpu_hours))
+                                                .where(*where).group_by(*keys)):
+                cells[(e, arm, st)] = ArmTotals(e, arm, st, runs=n, estimated_gpu_hours=est)
+            finished = [st for (_, _, st) in cells if st in RECORD_RUN_STATES]
+            if finished:
+                figures = (select(*keys, func.sum(_STEPS), func.sum(case((AUDIT_FAILED, 1), else_=0)),
+                                  func.sum(case((BUDGET_SHORT, 1), else_=0)))
+                           .where(*where, Run.state.in_(sorted(set(finished)))).group_by(*keys))
+                for e, arm, st, steps, failed, short in s.execute(figures):
+                    cell = cells[(e, arm, st)]
+                    cell.steps, cell.audit_failed, cell.budget_not_reconciled = (int(steps or 0), int(failed or 0),
+                                                                                 int(short or 0))
             cost = func.coalesce(Attempt.gpu_hours_scheduler, Attempt.gpu_hours_job)
             att_q = (select(*keys, func.count(Attempt.id), func.sum(cost)).join(Attempt, Attempt.run_id == Run.id)
-                     .where(Run.experiment_id.in_(list(experiment_ids))).group_by(*keys))
+                     .where(*where).group_by(*keys))
             for e, arm, st, n, gh in s.execute(att_q):
                 cell = cells.setdefault((e, arm, st), ArmTotals(e, arm, st))
                 cell.attempts, cell.allocated_gpu_hours = n, float(gh or 0.0)
@@ -91,18 +103,15 @@ class RunSummaries(LedgerCore):
                      .where(AUDIT_FAILED | BUDGET_SHORT | DISAGREEMENT).order_by(Run.id))
                 yield from self._paged(s, q, left)
 
-    def attention_count(self, experiment_id: int, *, states: Iterable[str] | None = None) -> int:
-        """How many runs `status_runs(..., attention=True)` would list without a limit."""
-        wanted = set(states) if states is not None else None
-        st = [x for x in ATTENTION_RUN_STATES if wanted is None or x in wanted]
+    def flagged_count(self, experiment_id: int, *, states: Iterable[str] | None = None) -> int:
+        """Succeeded runs of an experiment that are flagged (audit failed, budget short, GPU-hour
+        figures disagreeing): with the unfinished, failed and lost ones, what `status` lists."""
+        if states is not None and "succeeded" not in set(states):
+            return 0
         with self.session() as s:
-            n = int(s.scalar(select(func.count(Run.id)).where(Run.experiment_id == experiment_id,
-                                                              Run.state.in_(st))) or 0) if st else 0
-            if wanted is None or "succeeded" in wanted:
-                n += int(s.scalar(select(func.count(Run.id)).where(
-                    Run.experiment_id == experiment_id, Run.state == "succeeded",
-                    AUDIT_FAILED | BUDGET_SHORT | DISAGREEMENT)) or 0)
-        return n
+            return int(s.scalar(select(func.count(Run.id)).where(
+                Run.experiment_id == experiment_id, Run.state == "succeeded",
+                AUDIT_FAILED | BUDGET_SHORT | DISAGREEMENT)) or 0)
 
     @staticmethod
     def _runs_query(experiment_id: int, states: list[str] | None):  # type: ignore[no-untyped-def]

@@ -17,6 +17,7 @@ from ..ledger import Ledger
 from ..ledger.schema import Attempt, Run
 from ..ledger.summaries import ArmTotals
 from ..run_record import audit_failed, budget_reconciled
+from ..states import ATTENTION_RUN_STATES
 
 
 def _attempt_cost(a: Attempt) -> float | None:
@@ -78,19 +79,20 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
                            positions: Positions | None = None) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
     """Per experiment version: its summary (per-arm and experiment totals computed in SQL over the
     runs in `states`) and an iterator of its run rows: every run, or with `attention` those that
-    need a look, `limit` at most. Rows are read a page at a time, so a listing of every run
+    need a look, `limit` at most. Totals (and the estimate) cover the runs in `states`. Rows are read a page at a time, so a listing of every run
     streams. `positions(queue, run_keys or None for all)` says where Redis has queued runs; it is
     called only when a shown run is queued."""
     wanted = list(states) if states else None
     exps = ledger.experiments(experiment)
     cells_of: dict[int, list[ArmTotals]] = defaultdict(list)
-    for c in ledger.arm_totals([e.id for e in exps]):
+    for c in ledger.arm_totals([e.id for e in exps], states=wanted):
         cells_of[c.experiment_id].append(c)
     for exp in exps:
-        cells = [c for c in cells_of[exp.id] if wanted is None or c.state in wanted]
+        cells = cells_of[exp.id]
         if wanted is not None and not cells:
             continue
-        listed = ledger.attention_count(exp.id, states=wanted) if attention else sum(c.runs for c in cells)
+        listed = (sum(c.runs for c in cells if c.state in ATTENTION_RUN_STATES)
+                  + ledger.flagged_count(exp.id, states=wanted)) if attention else sum(c.runs for c in cells)
         by_arm: dict[str, list[ArmTotals]] = defaultdict(list)
         for c in cells:
             by_arm[c.arm].append(c)
@@ -106,11 +108,12 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "runs_not_shown": max(0, listed - limit) if limit is not None else 0,
             "arms": {arm: _totals(cs) for arm, cs in sorted(by_arm.items())},
             "totals": _totals(cells),
-            "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells_of[exp.id]),
+            "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells),  # of the runs in view
             "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
         }
-        runs = ledger.status_runs(exp.id, states=wanted, attention=attention, limit=limit)
+        present = sorted({c.state for c in cells})  # no query for a state the experiment has no run in
+        runs = ledger.status_runs(exp.id, states=present, attention=attention, limit=limit)
         yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None)
 
 
