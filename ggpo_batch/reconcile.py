@@ -206,10 +206,8 @@ def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQue
     for q in queues:
         if q.inline:
             continue
-        present = q.present()
-        missing = [r.run_key for r in ledger.runs(states=["queued"])
-                   if settings.queue_for(r.experiment.queue) == q.name and r.run_key not in present
-                   and not (r.attempts and r.attempts[-1].state == "submitting")]
+        # Two id sets, no run or job objects: the work is that of comparing keys, at any backlog.
+        missing = sorted(ledger.queued_run_keys(q.name, default_queue=settings.queue) - q.present())
         if missing:
             q.forget(missing)
             n += q.enqueue(missing)

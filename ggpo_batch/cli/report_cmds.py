@@ -5,15 +5,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from .app import ARM_VALUE, FINITE_VALUE, NAME_VALUE, TEXT_VALUE, VERSION_VALUE, App, cli, echo_json, pass_app
 from .ledger_cmds import ledger as ledger_group
-from .tables import _f
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
 @cli.command()
@@ -57,6 +57,11 @@ def _ms(st: Mapping[str, Any] | None, digits: int = 2, pct: bool = False) -> str
 
 def print_report(data: Mapping[str, Any], console: Console | None = None) -> None:
     """Lay out an experiment report as terminal tables."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from .tables import _f
+
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     head = f"{data['experiment']}" + (f" v{data['version']}  ({data['method']}, {data['source']}, "
                                       f"{data['gpus']} GPUs/run)" if data["version"] is not None else "")

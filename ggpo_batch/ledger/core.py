@@ -4,6 +4,7 @@ and the event helper every transition uses. The transitions themselves live in t
 
 from __future__ import annotations
 
+import copy
 import fcntl
 import functools
 import logging
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 from sqlalchemy import Engine, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -98,6 +99,22 @@ class LedgerCore:
         """One transaction: committed on success, rolled back on any error."""
         with self._sessions() as s, s.begin():
             yield s
+
+    @contextmanager
+    def rehearsal(self) -> Iterator[Self]:
+        """A copy of this ledger whose transactions run as savepoints inside one outer transaction
+        that is rolled back at the end: nothing it does is kept, and the engine has compiled (and
+        cached) every statement it ran. A worker rehearses a submission so its forked jobs do not
+        each compile the same statements again."""
+        with self.engine.connect() as conn:
+            outer = conn.begin()
+            twin = copy.copy(self)
+            twin._sessions = sessionmaker(bind=conn, expire_on_commit=False,
+                                          join_transaction_mode="create_savepoint")
+            try:
+                yield twin
+            finally:
+                outer.rollback()
 
     @contextmanager
     def exclusive(self, name: str) -> Iterator[None]:
