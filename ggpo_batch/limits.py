@@ -148,6 +148,11 @@ def seed_problem(value: Any) -> str | None:
     return int_problem(value, SEED_MIN, SEED_MAX)
 
 
+def count_problem(value: Any) -> str | None:
+    """A count or page size that goes into SQL (LIMIT): a 64-bit integer on both backends."""
+    return int_problem(value, 0, INT_MAX)
+
+
 def version_problem(value: Any) -> str | None:
     return int_problem(value, 1, VERSION_MAX)
 

@@ -154,6 +154,7 @@ ARM_VALUE = _checked("arm_name_problem")
 TEXT_VALUE = _checked("text_problem")  # a reason, a cost basis: stored as text
 FINITE_VALUE = _checked("number_problem")
 VERSION_VALUE = _checked("version_problem")
+COUNT_VALUE = _checked("count_problem")
 WORKER_VALUE = _checked("worker_name_problem")
 
 

@@ -7,7 +7,7 @@ import json
 import click
 
 from ..config import redact
-from .app import NAME_VALUE, App, cli, echo_json, pass_app
+from .app import COUNT_VALUE, NAME_VALUE, App, cli, echo_json, pass_app
 
 
 @cli.group()
@@ -95,7 +95,7 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 @click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--runs", "all_runs", is_flag=True,
               help="List every run (in --state), not only those that need a look.")
-@click.option("--limit", type=click.IntRange(0, None), default=None,
+@click.option("--limit", type=click.IntRange(0, None), default=None, callback=COUNT_VALUE,
               help="Most runs listed per experiment; 0 = no limit. [default: 20, or none with --runs or --state]")
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON, streamed.")
 @click.option("--components", is_flag=True, help="Nightly CPU component runs instead: last nights, moved metrics, "
