@@ -1,49 +1,46 @@
-"""Fixtures that start or reuse the real services: PostgreSQL on 127.0.0.1:5432, Redis on 6379.
+"""Fixtures that start or reuse the real services: PostgreSQL on 127.0.0.1:5432, Redis on 6379,
+the dev Slurm of slurm/dev-cluster. Plain helpers live in tests/support.
 
 Every ledger test runs on SQLite and on PostgreSQL. PostgreSQL tests get a database of their own
-per session (created and dropped here) and empty tables per test.
+per session (created and dropped here) and empty tables per test. Redis tests get the Redis db
+of their process (tests/support/services.py), flushed around each test.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SEEDS = Path(os.environ.get("GGPO_SEEDS_DIR", REPO.parent / "shared" / "seeds"))
-SEED_000 = SEEDS / "000_b2e3fe1f0148d43c.txt"
-SEED_003 = SEEDS / "003_6402ffbf4ba21fea.txt"
-PG_ADMIN_URL = os.environ.get("GGPO_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("GGPO_TEST_REDIS_URL", "redis://127.0.0.1:6379")
-
-
-def _pg_available() -> str | None:
-    try:
-        import psycopg
-
-        with psycopg.connect(PG_ADMIN_URL.replace("+psycopg", ""), connect_timeout=3):
-            return None
-    except Exception as exc:  # pragma: no cover - depends on the machine
-        return f"PostgreSQL not reachable at {PG_ADMIN_URL}: {exc}"
+from tests.support.paths import DEV_CLUSTER_UP
+from tests.support.services import (
+    PG_ADMIN_URL,
+    flushed_redis,
+    pg_problem,
+    redis_test_db,
+    wipe_pg,
+    xdist_worker_number,
+)
 
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
     """A fresh PostgreSQL database for this test session, dropped at the end."""
-    problem = _pg_available()
+    problem = pg_problem()
     if problem:
         if os.environ.get("CI"):
             pytest.fail(problem)
         pytest.skip(problem)
     import psycopg
 
-    name = f"ggpo_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    name = f"ggpo_test_{xdist_worker_number()}_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     admin = PG_ADMIN_URL.replace("+psycopg", "")
-    with psycopg.connect(admin, autocommit=True) as conn:
+    with psycopg.connect(admin, autocommit=True) as conn:  # concurrent CREATE DATABASEs from template1 are fine
         conn.execute(f'CREATE DATABASE "{name}"')
     base = PG_ADMIN_URL.rsplit("/", 1)[0]
     try:
@@ -60,19 +57,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
         yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
         return
     url = request.getfixturevalue("pg_url")
-    _wipe_pg(url)
+    wipe_pg(url)
     yield url
-    _wipe_pg(url)
-
-
-def _wipe_pg(url: str) -> None:
-    from sqlalchemy import create_engine, text
-
-    engine = create_engine(url)
-    with engine.begin() as conn:
-        conn.execute(text("DROP SCHEMA public CASCADE"))
-        conn.execute(text("CREATE SCHEMA public"))
-    engine.dispose()
+    wipe_pg(url)
 
 
 @pytest.fixture
@@ -101,32 +88,10 @@ def env(tmp_path: Path, db_url: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
     return values
 
 
-# Redis db numbers this suite may flush (other suites on the machine use 8 and up).
-REDIS_TEST_DB = int(os.environ.get("GGPO_TEST_REDIS_DB", "1"))
-
-
 @pytest.fixture
 def redis_url() -> Iterator[str]:
-    """The real Redis, one database of its own, flushed before and after the test."""
-    yield from flushed_redis(REDIS_TEST_DB)
-
-
-def flushed_redis(db: int) -> Iterator[str]:
-    """Yield the URL of Redis database `db`, flushed before and after (skip, or fail in CI, if down)."""
-    import redis
-
-    url = f"{REDIS_URL}/{db}"
-    conn = redis.Redis.from_url(url)
-    try:
-        conn.ping()
-    except redis.exceptions.ConnectionError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"Redis not reachable at {url}: {exc}")
-        pytest.skip(f"Redis not reachable at {url}: {exc}")
-    conn.flushdb()
-    yield url
-    conn.flushdb()
-    conn.close()
+    """The real Redis, this xdist worker's database, flushed before and after the test."""
+    yield from flushed_redis(redis_test_db())
 
 
 @pytest.fixture
@@ -150,3 +115,26 @@ def worker_env(settings, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-un
     for k, v in values.items():
         monkeypatch.setenv(k, v)
     return values
+
+
+# -- the dev Slurm (tests/slurm, and the Slurm faults of tests/faults) --
+
+
+@pytest.fixture(scope="session")
+def dev_cluster() -> None:
+    """Start (or reuse) the dev Slurm once per session; skip only if Slurm cannot be installed."""
+    if os.geteuid() != 0:
+        pytest.skip("the dev Slurm needs root (slurm/dev-cluster/up.sh)")
+    if shutil.which("apt-get") is None and shutil.which("slurmctld") is None:
+        pytest.skip("Slurm is not installed and apt-get is not available to install it")
+    proc = subprocess.run(["bash", str(DEV_CLUSTER_UP)], capture_output=True, text=True, timeout=600, check=False)
+    if proc.returncode != 0:
+        if "apt-get install" in proc.stderr and shutil.which("slurmctld") is None:
+            pytest.skip(f"Slurm cannot be installed here: {proc.stderr.strip()[-300:]}")
+        pytest.fail(f"slurm/dev-cluster/up.sh failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture
+def tag() -> str:
+    """A run-key prefix unique to this test, so old accounting rows never answer for new jobs."""
+    return "t" + uuid.uuid4().hex[:10]

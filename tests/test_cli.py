@@ -6,8 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-
-from .conftest import SEED_000
+from tests.support.paths import SEED_000
 
 
 def _run(*args: str):  # type: ignore[no-untyped-def]

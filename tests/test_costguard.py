@@ -12,10 +12,9 @@ from ggpo_batch.config import Settings
 from ggpo_batch.errors import LedgerError
 from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
-from ggpo_batch.spec import load_spec
 from ggpo_batch.reporting.status import experiment_status
-
-from .conftest import REPO, SEED_000, SEED_003
+from ggpo_batch.spec import load_spec
+from tests.support.paths import REPO, SEED_000, SEED_003
 
 SPEC = REPO / "jobs" / "exposure-5arm.toml"
 

@@ -11,11 +11,10 @@ from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.reporting.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
 from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
-
-from .conftest import SEED_000
+from ggpo_batch.reporting.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
+from tests.support.paths import SEED_000
 
 
 def _seed() -> dict:

@@ -9,8 +9,7 @@ import pytest
 from ggpo_batch.errors import RecordError
 from ggpo_batch.importer import import_results
 from ggpo_batch.reporting.status import experiment_status
-
-from .conftest import SEED_000
+from tests.support.paths import SEED_000
 
 
 def _seed() -> dict:

@@ -16,8 +16,7 @@ from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.plots import write_plots
 from ggpo_batch.reporting.report import experiment_report
-
-from .conftest import SEED_000
+from tests.support.paths import SEED_000
 
 NAME = "seed000"
 

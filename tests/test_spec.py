@@ -6,8 +6,7 @@ import pytest
 
 from ggpo_batch.errors import SpecError
 from ggpo_batch.spec import load_spec, spec_diff
-
-from .conftest import REPO
+from tests.support.paths import REPO
 
 GOOD = """
 schema = 1

@@ -22,20 +22,13 @@ from ggpo_batch.executor.slurm import SlurmExecutor
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
-from tests.conftest import _wipe_pg
-
-from .conftest import (
-    REPO,
-    WorkerProcess,
-    cancel_tagged,
-    redis_db,
-    slurm_jobs,
-    worker_environment,
-    write_spec,
-)
+from tests.support.paths import PROFILES
+from tests.support.services import wipe_pg
+from tests.support.slurm import cancel_tagged, slurm_jobs
+from tests.support.specs import write_spec
+from tests.support.workers import WorkerProcess, worker_environment
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.postgres, pytest.mark.slow, pytest.mark.timeout(420)]
-FAULTS_REDIS_DB = 11
 RUNS = 200
 WORKERS = 4
 QUOTA_GPUS = 40  # 10 allocations of 4 GPUs in flight at most
@@ -45,14 +38,9 @@ HOLD_S = 0.5     # how long a held allocation waits before the test cancels it
 @pytest.fixture
 def db_url(pg_url: str):  # type: ignore[no-untyped-def]
     """PostgreSQL only: several workers claiming from one queue is the team setup."""
-    _wipe_pg(pg_url)
+    wipe_pg(pg_url)
     yield pg_url
-    _wipe_pg(pg_url)
-
-
-@pytest.fixture
-def redis_url():  # type: ignore[no-untyped-def]
-    yield from redis_db(FAULTS_REDIS_DB)
+    wipe_pg(pg_url)
 
 
 def _active_slurm_gpus(tag: str) -> int:
@@ -80,7 +68,7 @@ def test_four_workers_200_runs_each_submitted_once_quota_never_exceeded(dev_clus
         except BaseException as exc:  # noqa: BLE001  (surfaced below)
             errors.append(exc)
 
-    ex = SlurmExecutor(load_profile("dev-cluster-held", REPO / "slurm" / "profiles"), settings.jobs_dir,
+    ex = SlurmExecutor(load_profile("dev-cluster-held", PROFILES), settings.jobs_dir,
                        min_submit_interval_s=0)
     queue = RunQueue.from_url(settings.redis_url, queue_name)
 

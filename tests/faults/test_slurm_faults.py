@@ -19,22 +19,13 @@ from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
-from tests.slurm import jobs
-from tests.slurm.test_end_to_end import reconcile_until_ended
-
-from .conftest import (
-    REPO,
-    cancel_tagged,
-    redis_db,
-    sacct_gpu_hours,
-    slurm_jobs,
-    squeue_state,
-    wait_until,
-    write_spec,
-)
+from tests.support import slurm_jobs as jobs
+from tests.support.paths import PROFILES
+from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, squeue_state
+from tests.support.specs import write_spec
+from tests.support.waiting import reconcile_until_ended, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.timeout(240)]
-FAULTS_REDIS_DB = 10
 CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
 NODE = "vm"
 
@@ -45,13 +36,8 @@ def db_url(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def redis_url():  # type: ignore[no-untyped-def]
-    yield from redis_db(FAULTS_REDIS_DB)
-
-
-@pytest.fixture
-def slurm(dev_cluster, tag):  # type: ignore[no-untyped-def]
-    ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), Path("/tmp"), min_submit_interval_s=0)
+def slurm(dev_cluster, tag, tmp_path):  # type: ignore[no-untyped-def]
+    ex = SlurmExecutor(load_profile("dev-cluster-1task", PROFILES), tmp_path / "slurm", min_submit_interval_s=0)
     yield ex
     cancel_tagged(tag)
 

@@ -22,36 +22,25 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from ggpo_batch.worker import submit_run
-from tests.slurm.test_end_to_end import reconcile_until_ended
-
-from .conftest import (
-    REPO,
+from tests.support.paths import PROFILES
+from tests.support.slurm import (
     CountingRunner,
-    WorkerProcess,
     cancel_tagged,
-    descendants,
-    redis_db,
     sacct_gpu_hours,
     slurm_jobs,
     squeue_state,
-    wait_until,
-    worker_environment,
-    write_spec,
 )
+from tests.support.specs import write_spec
+from tests.support.waiting import reconcile_until_ended, wait_until
+from tests.support.workers import WorkerProcess, descendants, worker_environment
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(300)]
-FAULTS_REDIS_DB = 9
 PAUSE = "120"  # far longer than the test waits: the kill always lands inside the pause
 
 
 @pytest.fixture
 def db_url(tmp_path: Path):  # type: ignore[no-untyped-def]
     yield f"sqlite:///{tmp_path / 'ledger.sqlite3'}"  # workers on one host: SQLite is the embedded default
-
-
-@pytest.fixture
-def redis_url():  # type: ignore[no-untyped-def]
-    yield from redis_db(FAULTS_REDIS_DB)
 
 
 # point -> (profile, GGPO_FAULT_PAUSE, expected run state)
@@ -93,7 +82,7 @@ def test_worker_sigkilled_mid_submission(point, dev_cluster, ledger, settings, t
             run_command(["scontrol", "release", ledger.get_run(run_key).attempts[0].job_id])
 
         runner = CountingRunner()
-        profile = load_profile(profile_name, REPO / "slurm" / "profiles")
+        profile = load_profile(profile_name, PROFILES)
         ex = SlurmExecutor(profile, settings.jobs_dir, sacct=Sacct(runner=runner), runner=runner,
                            min_submit_interval_s=0)
         queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -144,7 +133,7 @@ def test_worker_killed_before_sbatch_with_one_retry_runs_again_exactly_once(dev_
         worker.wait_for_log("fault injection: pausing", 30)
         worker.kill()
         runner = CountingRunner()
-        ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), settings.jobs_dir,
+        ex = SlurmExecutor(load_profile("dev-cluster-1task", PROFILES), settings.jobs_dir,
                            sacct=Sacct(runner=runner), runner=runner, min_submit_interval_s=0)
         queue = RunQueue.from_url(settings.redis_url, settings.queue)
         rep = reconcile(ledger, settings, [queue], actor="test", executors={"slurm": ex}, stale_after=timedelta(0))
@@ -192,7 +181,7 @@ def test_worker_killed_but_its_horse_alive_does_not_submit_after_reconcile_settl
         worker.kill(horse_too=False)
         assert Path(f"/proc/{horse}").exists()
         queue = RunQueue.from_url(settings.redis_url, settings.queue)
-        ex = SlurmExecutor(load_profile("dev-cluster-1task", REPO / "slurm" / "profiles"), settings.jobs_dir)
+        ex = SlurmExecutor(load_profile("dev-cluster-1task", PROFILES), settings.jobs_dir)
         reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=30)
         assert ledger.get_run(run_key).state == "lost"
         wait_until(lambda: not Path(f"/proc/{horse}").exists(), 60, "the horse finished")

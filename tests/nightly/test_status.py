@@ -3,21 +3,23 @@ from __future__ import annotations
 import copy
 import json
 from datetime import date, datetime, timezone
-from pathlib import Path
 
 import pytest
 
-from ggpo_batch.nightly.schedule import expected_nights, missed_nights, next_run_after, night_of
 from ggpo_batch.nightly.history import component_status, moved_metrics
+from ggpo_batch.nightly.schedule import (
+    expected_nights,
+    missed_nights,
+    next_run_after,
+    night_of,
+)
+from tests.support.paths import SEED_003
 
-SEED_003 = Path("/work/shared/seeds/003_6402ffbf4ba21fea.txt")
 CRON = "30 2 * * *"
 
 
 @pytest.fixture
 def seed_record() -> dict:
-    if not SEED_003.exists():
-        pytest.skip("seed record not on this machine")
     return json.loads(SEED_003.read_text())
 
 

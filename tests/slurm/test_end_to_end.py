@@ -5,21 +5,20 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
-from ggpo_batch.interventions import cancel_runs
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
+from ggpo_batch.interventions import cancel_runs
 from ggpo_batch.queue import RunQueue
-from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
-
-from .conftest import CountingRunner
+from tests.support import slurm_jobs as jobs
+from tests.support.slurm import CountingRunner, sacct_gpu_hours
+from tests.support.waiting import reconcile_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis]
 
@@ -51,25 +50,6 @@ def enqueue(ledger, settings, tmp_path: Path, tag: str, retries: int = 0) -> lis
     return sorted(r.run_key for r in res.runs)
 
 
-def sacct_gpu_hours(job_id: str) -> float:
-    (line,) = run_command(["sacct", "-X", "-P", "--noheader", "-j", job_id, "-o", "AllocTRES,ElapsedRaw"]).splitlines()
-    tres, elapsed = line.split("|")
-    gpus = int(dict(kv.split("=") for kv in tres.split(","))["gres/gpu"])
-    return gpus * int(elapsed) / 3600
-
-
-def reconcile_until_ended(ledger, settings, queue, executors, timeout_s: float = 90):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout_s
-    reports = []
-    while time.monotonic() < end:
-        reports.append(reconcile(ledger, settings, [queue], actor="test", executors=executors,
-                                 stale_after=timedelta(0)))
-        if reports[-1].active == 0:
-            return reports
-        time.sleep(1)
-    raise AssertionError(f"attempts still active after {timeout_s} s: {reports[-1]}")
-
-
 def test_crash_after_sbatch_then_reconcile_books_sacct_gpu_hours_with_one_sacct_per_cycle(
         dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = enqueue(ledger, settings, tmp_path, tag)
@@ -96,7 +76,7 @@ def test_crash_after_sbatch_then_reconcile_books_sacct_gpu_hours_with_one_sacct_
     for key in keys:
         (att,) = ledger.get_run(key).attempts
         assert att.job_id == ids[key] and att.state == "failed"  # no result record: the callable wrote none
-        assert att.gpu_hours_scheduler == pytest.approx(sacct_gpu_hours(ids[key]))
+        assert [att.gpu_hours_scheduler] == pytest.approx(sacct_gpu_hours(ids[key]))  # one run of the job
         assert att.gpu_hours_scheduler == pytest.approx(4 * att.elapsed_seconds / 3600) and att.elapsed_seconds >= 3
         assert att.gpu_hours_job == pytest.approx(att.gpu_hours_scheduler)
 
@@ -132,7 +112,7 @@ def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
     (att,) = run.attempts
     assert att.executor == "slurm" and att.job_id and att.gpus == 4
     assert att.state == "succeeded" and run.state == "succeeded", (att.state, att.reason)
-    assert att.gpu_hours_scheduler == pytest.approx(sacct_gpu_hours(att.job_id))
+    assert [att.gpu_hours_scheduler] == pytest.approx(sacct_gpu_hours(att.job_id))
     # the job's own figure (from its record) is booked beside Slurm's; it misses the job's start-up
     assert att.gpu_hours_job is not None and 0 < att.gpu_hours_job <= att.gpu_hours_scheduler
     assert Sacct().accounts([att.job_id])[att.job_id].latest.alloc_gpus == 4
@@ -142,8 +122,6 @@ def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
 def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hours(
         dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
     import submitit
-
-    from . import jobs
 
     [key, *_] = enqueue(ledger, settings, tmp_path, tag, retries=1)  # the spec allows the requeue it exercises
     queue = RunQueue.from_url(settings.redis_url, settings.queue)

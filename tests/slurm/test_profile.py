@@ -9,8 +9,7 @@ import submitit
 
 from ggpo_batch.errors import SpecError
 from ggpo_batch.executor.profile import load_profile
-
-from .conftest import PROFILES
+from tests.support.paths import PROFILES
 
 
 def write(tmp_path: Path, text: str, name: str = "site") -> Path:

@@ -14,8 +14,7 @@ import pytest
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
-
-from .conftest import PROFILES
+from tests.support.paths import PROFILES
 
 RECORD = Path(__file__).parent / "data" / "sbatch_dev_cluster.txt"
 

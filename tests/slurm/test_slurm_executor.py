@@ -12,9 +12,8 @@ from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.runspec import ArmSpec, RunSpec
-
-from . import jobs
-from .conftest import final, wait_for
+from tests.support import slurm_jobs as jobs
+from tests.support.slurm import final, wait_for
 
 pytestmark = pytest.mark.slurm
 

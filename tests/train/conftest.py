@@ -1,11 +1,10 @@
 import json
-from pathlib import Path
 
 import pytest
 
 from ggpo_batch.runspec import ArmSpec, RunSpec
+from tests.support.paths import SEED_000
 
-SEED_000 = Path("/work/shared/seeds/000_b2e3fe1f0148d43c.txt")
 TEMPLATES = ("train_direct", "train_role")
 
 # The 5 arms of seeds/000, scaled to the synthetic task (4 held-out items exposed).

@@ -1,10 +1,16 @@
-"""Small callables the Slurm tests run inside allocations (pickled by value: see conftest)."""
+"""Small callables the Slurm tests run inside allocations.
+
+They are not in an installed module, so the allocation could not import them: this module registers
+itself with cloudpickle to be shipped by value."""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
+
+import cloudpickle
 
 
 def sleep_then_report(seconds: float, out: str) -> str:
@@ -28,3 +34,6 @@ class CountingSleeper:
                 f.write(f"start {os.environ.get('SLURM_JOB_ID', '')} {time.time():.1f}\n")
         time.sleep(self.seconds)
         return len(Path(self.log).read_text().splitlines())
+
+
+cloudpickle.register_pickle_by_value(sys.modules[__name__])

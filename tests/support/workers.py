@@ -1,6 +1,4 @@
-"""Shared pieces of the Slurm/worker fault tests: the dev cluster and counting runner of
-tests/slurm (imported, not copied), a real `ggpo-batch worker` subprocess that can be SIGKILLed
-with its work horse, and helpers that ask Slurm itself how many jobs a run got."""
+"""A real `ggpo-batch worker` in a subprocess, which a test can SIGKILL together with its work horse."""
 
 from __future__ import annotations
 
@@ -8,49 +6,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from ggpo_batch.executor.sacct import run_command
-from tests.slurm.conftest import CountingRunner, dev_cluster, tag  # noqa: F401  (fixtures re-used)
-
-REPO = Path(__file__).resolve().parents[2]
-
-SPEC = """
-schema = 1
-[experiment]
-name = "{name}"
-method = "ggpo"
-seeds = {seeds}
-gpus = 4
-loop_budget_seconds = 2
-executor = "slurm"
-profile = "{profile}"
-max_gpu_hours = {max_gpu_hours}
-retries = {retries}
-[overheads]
-setup_export_seconds = 1
-audit_seconds = 1
-evaluation_seconds = 1
-[arms.clean]
-exposure = "none"
-"""
-
-
-def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev-cluster-1task", retries: int = 0,
-               max_gpu_hours: float = 1.0) -> Path:
-    path = folder / f"{name}.toml"
-    path.write_text(SPEC.format(name=name, seeds=seeds, profile=profile, retries=retries,
-                                max_gpu_hours=max_gpu_hours))
-    return path
-
-
-def redis_db(number: int) -> Iterator[str]:
-    """Body of a `redis_url` fixture on Redis db `number`, flushed before and after."""
-    from ..conftest import flushed_redis
-
-    yield from flushed_redis(number)
+from tests.support.paths import REPO
+from tests.support.waiting import wait_until
 
 
 def worker_environment(settings, **extra: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -143,53 +102,3 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def wait_until(cond: Callable[[], object], timeout_s: float, what: str, interval: float = 0.2) -> object:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-def slurm_jobs(tag: str) -> dict[str, set[str]]:  # noqa: F811
-    """Job name -> Slurm job ids, for every job whose name holds `tag`, as the controller
-    (`squeue -t all`, which also keeps ended jobs for MinJobAge) and slurmdbd (sacct) know them.
-
-    Both are asked because sacct misses a job that was held and cancelled, and squeue forgets a job
-    after MinJobAge."""
-    out: dict[str, set[str]] = {}
-    for line in run_command(["squeue", "-h", "-t", "all", "-o", "%i|%j"]).splitlines():
-        job_id, _, name = line.strip().partition("|")
-        if tag in name:
-            out.setdefault(name, set()).add(job_id)
-    for line in run_command(["sacct", "-X", "-P", "-n", "-a", "-S", "now-2hours", "-o", "JobID,JobName%200"]).splitlines():
-        job_id, _, name = line.strip().partition("|")
-        if tag in name:
-            out.setdefault(name, set()).add(job_id.split("_")[0])
-    return out
-
-
-def squeue_state(job_id: str) -> str:
-    return run_command(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"]).strip()
-
-
-def sacct_gpu_hours(job_id: str) -> list[float]:
-    """GPU-hours of each run of a job straight from sacct: AllocTRES gres/gpu x ElapsedRaw / 3600."""
-    out = []
-    for line in run_command(["sacct", "-X", "-P", "-n", "-D", "-j", job_id, "-o", "AllocTRES,ElapsedRaw"]).splitlines():
-        tres, _, elapsed = line.partition("|")
-        gpus = dict(kv.split("=") for kv in tres.split(",") if "=" in kv).get("gres/gpu", "0")
-        out.append(int(gpus) * int(elapsed or 0) / 3600)
-    return out
-
-
-def cancel_tagged(tag: str) -> None:  # noqa: F811
-    """scancel whatever this test left in the queue."""
-    for line in run_command(["squeue", "-h", "-o", "%i|%j"]).splitlines():
-        job_id, _, name = line.partition("|")
-        if tag in name:
-            subprocess.run(["scancel", job_id.strip()], check=False)

@@ -1,0 +1,16 @@
+"""Paths inside this checkout the tests read; nothing outside it (a fresh clone must pass)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "tests" / "data"
+
+# The two reference records of the system ggpo-batch re-creates: the schema contract (see tests/data/README.md).
+SEED_000 = DATA / "000_b2e3fe1f0148d43c.txt"  # one experiment, 5 arms x 3 seeds
+SEED_003 = DATA / "003_6402ffbf4ba21fea.txt"  # one nightly CPU component run
+
+JOBS = REPO / "jobs"
+PROFILES = REPO / "slurm" / "profiles"
+DEV_CLUSTER_UP = REPO / "slurm" / "dev-cluster" / "up.sh"

@@ -1,0 +1,81 @@
+"""Asking the dev Slurm (slurm/dev-cluster) what it did: commands counted, jobs by name, sacct's GPU-hours."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+from ggpo_batch.executor.base import JobInfo
+from ggpo_batch.executor.sacct import run_command
+from ggpo_batch.executor.slurm import SlurmExecutor
+
+
+class CountingRunner:
+    """The real command runner, with a record of every command it ran."""
+
+    def __init__(self) -> None:
+        self.argv: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str]) -> str:
+        self.argv.append(list(argv))
+        return run_command(argv)
+
+    def count(self, program: str) -> int:
+        return sum(1 for a in self.argv if a[0] == program)
+
+
+def wait_for(ex: SlurmExecutor, job_id: str, done: Callable[[JobInfo], bool], timeout_s: float) -> JobInfo:
+    """Poll the executor (sacct) until `done(info)`; fail with the last state seen."""
+    end = time.monotonic() + timeout_s
+    info = None
+    while time.monotonic() < end:
+        info = ex.poll([job_id]).get(job_id)
+        if info is not None and done(info):
+            return info
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} did not get there in {timeout_s} s; last seen {info}")
+
+
+def final(info: JobInfo) -> bool:
+    return info.final
+
+
+def slurm_jobs(tag: str) -> dict[str, set[str]]:
+    """Job name -> Slurm job ids, for every job whose name holds `tag`, as the controller
+    (`squeue -t all`, which also keeps ended jobs for MinJobAge) and slurmdbd (sacct) know them.
+
+    Both are asked because sacct misses a job that was held and cancelled, and squeue forgets a job
+    after MinJobAge."""
+    out: dict[str, set[str]] = {}
+    for line in run_command(["squeue", "-h", "-t", "all", "-o", "%i|%j"]).splitlines():
+        job_id, _, name = line.strip().partition("|")
+        if tag in name:
+            out.setdefault(name, set()).add(job_id)
+    for line in run_command(["sacct", "-X", "-P", "-n", "-a", "-S", "now-2hours", "-o", "JobID,JobName%200"]).splitlines():
+        job_id, _, name = line.strip().partition("|")
+        if tag in name:
+            out.setdefault(name, set()).add(job_id.split("_")[0])
+    return out
+
+
+def squeue_state(job_id: str) -> str:
+    return run_command(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"]).strip()
+
+
+def sacct_gpu_hours(job_id: str) -> list[float]:
+    """GPU-hours of each run of a job (one per requeue) straight from sacct: AllocTRES gres/gpu x ElapsedRaw / 3600."""
+    out = []
+    for line in run_command(["sacct", "-X", "-P", "-n", "-D", "-j", job_id, "-o", "AllocTRES,ElapsedRaw"]).splitlines():
+        tres, _, elapsed = line.partition("|")
+        gpus = dict(kv.split("=") for kv in tres.split(",") if "=" in kv).get("gres/gpu", "0")
+        out.append(int(gpus) * int(elapsed or 0) / 3600)
+    return out
+
+
+def cancel_tagged(tag: str) -> None:
+    """scancel whatever a test left in the queue (jobs whose name holds its `tag`)."""
+    for line in run_command(["squeue", "-h", "-o", "%i|%j"]).splitlines():
+        job_id, _, name = line.partition("|")
+        if tag in name:
+            subprocess.run(["scancel", job_id.strip()], check=False)
