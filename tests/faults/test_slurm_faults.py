@@ -134,29 +134,6 @@ def test_preempted_without_retries_fails_the_run_with_no_new_attempt(ledger, set
     print(f"\n[fault] preempted, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
 
 
-@pytest.mark.slow
-def test_preempted_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
-    [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
-    assert ledger.get_run(key).retries_allowed == 1
-    log = tmp_path / "starts.log"
-    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job",
-                     requeues=ledger.get_run(key).retries_allowed)
-    wait_until(log.exists, 30, "the first run started")
-    time.sleep(3)
-    _preempt(job_id)
-    wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
-    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
-    queue = RunQueue.from_url(settings.redis_url, settings.queue)
-    reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
-    run = ledger.get_run(key)
-    assert [a.state for a in run.attempts] == ["preempted", "failed"], [(a.state, a.reason) for a in run.attempts]
-    assert {a.job_id for a in run.attempts} == {job_id} and len(log.read_text().splitlines()) == 2
-    booked = _assert_booked_as_sacct(ledger, key, job_id)
-    assert all(b > 0 for b in booked)
-    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}  # the retry is a requeue, not a second sbatch
-    print(f"\n[fault] preempted, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
-
-
 def test_cancelled_from_outside_is_not_retried_even_with_retries(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=1)
@@ -219,25 +196,40 @@ def _node_down_then_back(job_id: str) -> None:
         wait_until(back, 30, "node back", interval=0.5)
 
 
+# fault -> (what does it to a running job, the first attempt's state)
+RETRIED_FAULTS = {
+    "preempted": (_preempt, "preempted"),
+    "node_failure": (_node_down_then_back, "node_fail"),
+}
+
+
 @pytest.mark.slow
-def test_node_failure_with_one_retry_is_a_second_attempt_booked_as_node_fail(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("fault", list(RETRIED_FAULTS))
+def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, ledger, settings, slurm, tmp_path,  # type: ignore[no-untyped-def]
+                                                                          tag):
+    """Slurm requeues the job under the same id; the spec's one retry makes that a second attempt, booked apart."""
+    do_fault, first_state = RETRIED_FAULTS[fault]
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
+    assert ledger.get_run(key).retries_allowed == 1
     log = tmp_path / "starts.log"
-    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job", requeues=1)
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job",
+                     requeues=ledger.get_run(key).retries_allowed)
     wait_until(log.exists, 30, "the first run started")
-    time.sleep(3)
-    _node_down_then_back(job_id)
+    time.sleep(3)  # hold the allocation long enough to cost something
+    do_fault(job_id)
     wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
     run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
     run = ledger.get_run(key)
-    assert [a.state for a in run.attempts] == ["node_fail", "failed"], [(a.state, a.reason) for a in run.attempts]
-    assert run.attempts[0].scheduler_state == "NODE_FAIL" and "node failure" in (run.attempts[0].reason or "")
+    assert [a.state for a in run.attempts] == [first_state, "failed"], [(a.state, a.reason) for a in run.attempts]
+    if fault == "node_failure":
+        assert run.attempts[0].scheduler_state == "NODE_FAIL" and "node failure" in (run.attempts[0].reason or "")
+    assert {a.job_id for a in run.attempts} == {job_id} and len(log.read_text().splitlines()) == 2
     booked = _assert_booked_as_sacct(ledger, key, job_id)
-    assert all(b > 0 for b in booked) and len(log.read_text().splitlines()) == 2
-    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}
-    print(f"\n[fault] node failure, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
+    assert all(b > 0 for b in booked)
+    assert slurm_jobs(tag) == {job_name(key, 1): {job_id}}  # the retry is a requeue, not a second sbatch
+    print(f"\n[fault] {fault}, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
 
 
 @pytest.mark.slow
