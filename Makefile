@@ -1,16 +1,23 @@
 # The two commands of the README:
 #   make demo   set up (SQLite ledger, local executor) and run the main job on this machine
 #   make test   set up, start the services the tests use, and run the whole suite
+# The suite runs on PYTEST_WORKERS pytest-xdist workers; setup.cfg sets --dist loadgroup, so the
+# tests bound to the one dev Slurm stay together on one worker (tests/conftest.py).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS_TEST ?= train,dev,cpu-rollout
+PYTEST_WORKERS ?= 2
 
 .PHONY: test demo setup services
-test:
+test: setup services
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+setup:
 	tools/install.sh $(EXTRAS_TEST)
 	$(PY) tools/fetch_corpus.py
+
+services:
 	tools/services.sh
-	$(PY) -m pytest
 
 demo:
 	tools/install.sh train

@@ -2,8 +2,10 @@
 the dev Slurm of slurm/dev-cluster. Plain helpers live in tests/support.
 
 Every ledger test runs on SQLite and on PostgreSQL. PostgreSQL tests get a database of their own
-per session (created and dropped here) and empty tables per test. Redis tests get the Redis db
-of their process (tests/support/services.py), flushed around each test.
+per session (so per pytest-xdist worker; created and dropped here) and empty tables per test.
+Redis tests get the Redis db of their xdist worker (tests/support/services.py), flushed around each test.
+Tests bound to the one dev Slurm, and tests sharing one costly fixture, run on one xdist worker, one
+at a time (the xdist groups below).
 """
 
 from __future__ import annotations
@@ -27,10 +29,49 @@ from tests.support.services import (
     xdist_worker_number,
 )
 
+# xdist groups (`--dist loadgroup`, set in setup.cfg: a group's tests run on one worker, one at a time).
+# The dev Slurm is one cluster, and some of its tests restart its controller or take its node down:
+# every test marked `slurm` or using `dev_cluster` is in group "slurm". The tests sharing a costly
+# module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs) are a group too, so it is built once,
+# not once on each worker.
+SLURM_GROUP = "slurm"
+SHARED_FIXTURE_GROUPS = {"dev_cluster": SLURM_GROUP, "zero2_runs": "zero2_runs"}
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]):  # type: ignore[no-untyped-def]
+    # before every other implementation, so xdist's own (on a worker) sees the xdist_group marks
+    groups: dict[str, str] = {}
+    for item in items:
+        fixtures = getattr(item, "fixturenames", ())
+        names = {g for f, g in SHARED_FIXTURE_GROUPS.items() if f in fixtures}
+        if item.get_closest_marker("slurm"):
+            names.add(SLURM_GROUP)
+        for name in sorted(names):
+            item.add_marker(pytest.mark.xdist_group(name))
+        if names:
+            groups[item.nodeid] = "_".join(sorted(names))
+    result = yield
+    # xdist groups by a suffix it puts on the node id; where that does not take (pytest-xdist#1386,
+    # pytest 9.2) the grouped tests would run on several workers at once: fail them before they start
+    if getattr(config.option, "loadgroup", False):  # an xdist worker, --dist loadgroup
+        for item in items:
+            if item.nodeid in groups and not item.nodeid.endswith("@" + groups[item.nodeid]):
+                item.stash[UNGROUPED] = (f"pytest-xdist did not put this test in its group {groups[item.nodeid]!r} "
+                                         f"(pytest {pytest.__version__}): install the dev extra's pytest "
+                                         "(setup.cfg) or run with -n 0")
+    return result
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if UNGROUPED in item.stash:
+        pytest.fail(item.stash[UNGROUPED], pytrace=False)
+
 
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    """A fresh PostgreSQL database for this test session, dropped at the end."""
+    """A fresh PostgreSQL database for this test session (this xdist worker), dropped at the end."""
     problem = pg_problem()
     if problem:
         if os.environ.get("CI"):
