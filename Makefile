@@ -1,6 +1,8 @@
 # The two commands of the README:
 #   make demo   set up (SQLite ledger, local executor) and run the main job on this machine
 #   make test   set up, start the services the tests use, and run the whole suite
+# and for a developer:
+#   make test-fast   the same, without the tests marked slow (under a minute on 2 cores)
 # The suite runs on PYTEST_WORKERS pytest-xdist workers; setup.cfg sets --dist loadgroup, so the
 # tests bound to the one dev Slurm stay together on one worker (tests/conftest.py).
 VENV ?= .venv
@@ -8,9 +10,12 @@ PY := $(VENV)/bin/python
 EXTRAS_TEST ?= train,dev,cpu-rollout
 PYTEST_WORKERS ?= 2
 
-.PHONY: test demo setup services
+.PHONY: test test-fast demo setup services
 test: setup services
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+test-fast: setup services
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 setup:
 	tools/install.sh $(EXTRAS_TEST)

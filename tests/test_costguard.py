@@ -240,6 +240,7 @@ exposure = "none"
 """
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_two_concurrent_enqueues_cannot_both_fit_under_one_user_cap(ledger, db_url: str, redis_url: str,
                                                                      tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from ggpo_batch.reconcile import reconcile
 from ggpo_batch.run_record import check_run_record
 from ggpo_batch.spec import load_spec
 
-pytestmark = [pytest.mark.redis, pytest.mark.train]
+pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]  # real worker processes, 5-20 s each
 
 SPEC = """
 schema = 1

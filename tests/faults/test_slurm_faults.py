@@ -25,7 +25,7 @@ from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, sque
 from tests.support.specs import write_spec
 from tests.support.waiting import reconcile_until_ended, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
 CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
 NODE = "vm"
 
@@ -70,7 +70,6 @@ def _ctld_alive() -> bool:
     return subprocess.run(["scontrol", "ping"], capture_output=True, text=True, check=False).stdout.count("UP") > 0
 
 
-@pytest.mark.slow
 def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
     # The node has 4 GPUs: the first job runs through the controller's outage, the second waits
@@ -203,7 +202,6 @@ RETRIED_FAULTS = {
 }
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("fault", list(RETRIED_FAULTS))
 def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, ledger, settings, slurm, tmp_path,  # type: ignore[no-untyped-def]
                                                                           tag):
@@ -232,7 +230,6 @@ def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, 
     print(f"\n[fault] {fault}, retries=1: attempts {[a.state for a in run.attempts]}, GPU-h each {booked}")
 
 
-@pytest.mark.slow
 def test_node_failing_twice_with_one_retry_is_not_run_a_third_time(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     """Slurm requeues a job after every node failure; the spec's one retry is all it gets."""
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)

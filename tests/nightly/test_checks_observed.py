@@ -23,6 +23,7 @@ def _run(tiny_suite_path: Path) -> dict:
                        command="pytest", suite=load_suite(tiny_suite_path))
 
 
+@pytest.mark.slow
 def test_teacher_self_generation_is_observed_not_fixed(tiny_suite_path: Path, monkeypatch: pytest.MonkeyPatch):
     plain = _run(tiny_suite_path)["execution_checks"]
     assert plain["actual_teacher_self_generation"] is False  # the ggpo teacher only learns NLL: observed, false

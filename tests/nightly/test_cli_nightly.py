@@ -25,6 +25,7 @@ def cli_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return runner
 
 
+@pytest.mark.slow
 def test_nightly_then_status_components(cli_env: CliRunner, tiny_suite_path: Path, tmp_path: Path):
     out = tmp_path / "rec.json"
     args = ["nightly", "--suite", str(tiny_suite_path), "--seeds", "5,6", "--output", str(out), "--night", "2026-12-01"]

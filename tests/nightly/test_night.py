@@ -16,6 +16,7 @@ from ggpo_batch.errors import GgpoError
 NIGHT = date(2026, 12, 1)
 
 
+@pytest.mark.slow
 def test_night_is_recorded_once_with_its_artifact(nightly_ledger, tiny_suite_path: Path, tmp_path: Path):
     suite = load_suite(tiny_suite_path)
     [done] = run_night(nightly_ledger, suite=suite, output_dir=tmp_path / "out", night=NIGHT, actor="t", command="c")

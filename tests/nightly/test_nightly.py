@@ -26,6 +26,7 @@ def _run(suite, tmp_path: Path, **kw):
     return run_nightly(**args)
 
 
+@pytest.mark.slow
 def test_record_conforms_and_checks_are_observed(suite, tmp_path: Path):
     rec = _run(suite, tmp_path)
     assert check_component_record(rec) == []
@@ -62,6 +63,7 @@ def test_record_conforms_and_checks_are_observed(suite, tmp_path: Path):
     assert 0 < t["tier_seconds"] < 60 and t["within_time_goal"] is True and len(t["per_seed_seconds"]) == 2
 
 
+@pytest.mark.slow
 def test_same_seed_same_numbers_and_previous_artifact_retained(suite, tmp_path: Path):
     a = _run(suite, tmp_path)
     b = _run(suite, tmp_path)
@@ -102,6 +104,7 @@ def test_bad_arguments_are_user_errors(suite, tmp_path: Path):
         _run(suite, tmp_path, seeds=[1, 1])
 
 
+@pytest.mark.slow
 def test_the_repo_suite_seeds_42_44_within_the_time_goal():
     """The real tier: jobs/nightly-cpu.toml budgets (8/4/2 steps, 16 new tokens), seeds 42-44,
     on the fetched Hamlet when present (tools/fetch_corpus.py), else the named generated corpus."""

@@ -63,6 +63,7 @@ def test_rq_cron_config_registers_and_its_job_runs_once_a_night(redis_conn, work
     assert row.record["provenance"]["command"].startswith(f"rq-job {first.id} ")
 
 
+@pytest.mark.slow
 def test_enqueue_at_chain_runs_a_due_night_and_schedules_the_next(redis_conn, worker_env, tiny_suite_path: Path,
                                                                  tmp_path: Path):
     from rq import Queue

@@ -50,6 +50,7 @@ def enqueue(ledger, settings, tmp_path: Path, tag: str, retries: int = 0) -> lis
     return sorted(r.run_key for r in res.runs)
 
 
+@pytest.mark.slow
 def test_crash_after_sbatch_then_reconcile_books_sacct_gpu_hours_with_one_sacct_per_cycle(
         dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = enqueue(ledger, settings, tmp_path, tag)

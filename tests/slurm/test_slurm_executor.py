@@ -34,6 +34,7 @@ def sacct_raw(job_id: str, fields: str, expect: str | None = None) -> list[str]:
         time.sleep(0.5)
 
 
+@pytest.mark.slow
 def test_four_gpus_and_gpu_hours_equal_sacct(executor, tag, tmp_path):
     out = tmp_path / "report.txt"
     job_id = executor.submit_callable(lambda: jobs.sleep_then_report(3, str(out)), f"ggpo.{tag}.a0",
@@ -51,6 +52,7 @@ def test_four_gpus_and_gpu_hours_equal_sacct(executor, tag, tmp_path):
     assert cvd == "0,1,2,3" and slurm_id == job_id
 
 
+@pytest.mark.slow
 def test_crash_between_sbatch_and_ledger_write_does_not_submit_twice(executor, profile, runner, tag, tmp_path):
     spec = spec_for(f"{tag}/clean")
     # A worker sbatches attempt 0 and dies before writing the job id anywhere.
@@ -74,6 +76,7 @@ def test_crash_between_sbatch_and_ledger_write_does_not_submit_twice(executor, p
     assert list(again.sacct.by_name(job_name(spec.run_key, 0))) == [first]
 
 
+@pytest.mark.slow
 def test_hostile_run_keys_are_sanitised(executor, tag, tmp_path):
     marker = Path(f"/tmp/pwned-{tag}")
     key = f"{tag}/x'\"; touch {marker}; $(touch {marker})`touch {marker}`\nline2"
@@ -91,6 +94,7 @@ def test_hostile_run_keys_are_sanitised(executor, tag, tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_cancel_via_scancel(executor, tag):
     job_id = executor.submit_callable(lambda: time.sleep(120), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=5)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
@@ -137,6 +141,7 @@ def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
     assert again.latest.alloc_gpus == 4 and again.latest.elapsed_seconds >= 60
 
 
+@pytest.mark.slow
 def test_preemption_without_allowance_ends_preempted_not_failed(executor, tag, tmp_path):
     import submitit
 

@@ -263,6 +263,7 @@ def test_record_check_refuses_a_reconciled_stamp_short_of_target():
 
 # ---- end to end: the 1-second run of the issue ----------------------------------------------------
 
+@pytest.mark.slow
 def test_one_second_run_short_of_exposure_is_not_reconciled(tmp_path: Path, spec_for, arms, monkeypatch):
     """`ggpo-batch train jobs/demo-cpu.toml --arm paired --seed 2 --budget-seconds 1` with
     exposed_items = 24, through the same Python API (2 CPU ranks)."""

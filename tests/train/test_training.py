@@ -19,7 +19,7 @@ from ggpo_batch.train.job import Preempted
 from ggpo_batch.train.launch import train_local
 from ggpo_batch.train.model import build_model
 
-pytestmark = [pytest.mark.train]
+pytestmark = [pytest.mark.train, pytest.mark.slow]  # 2-rank DeepSpeed runs: zero2_runs alone is 5 of them
 
 ARM_NAMES = ("clean", "paired", "random_matched", "paired_answer", "random_answer")
 
