@@ -145,7 +145,9 @@ def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
 def test_preemption_without_allowance_ends_preempted_not_failed(executor, tag, tmp_path):
     import submitit
 
-    job_id = executor.submit_callable(lambda: time.sleep(60), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=15)
+    # Rank 0 exits at the signal; the job ends when ranks 1-3 have slept out their 20 s (not 60: that
+    # held the allocation a minute for nothing), still well after the signal lands.
+    job_id = executor.submit_callable(lambda: time.sleep(20), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=15)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
     time.sleep(3)  # let submitit install its signal handler
     submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)
