@@ -178,7 +178,7 @@ def json_problem(value: Any, *, max_depth: int = JSON_MAX_DEPTH) -> str | None:
     while stack:
         v, where, depth = stack.pop()
         at = f"at {where}: " if where else ""
-        if isinstance(v, Mapping) or isinstance(v, (list, tuple)):
+        if isinstance(v, (Mapping, list, tuple)):
             if depth >= max_depth:
                 return f"{at}nested deeper than {max_depth}"
             if isinstance(v, Mapping):

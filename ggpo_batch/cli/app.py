@@ -104,18 +104,26 @@ def _first(exc: BaseException) -> str:
 def _unavailable(exc: Exception) -> tuple[str, int] | None:
     """A one-line message and exit code for a database or Redis failure, else None (a bug: keep the
     traceback). Every ledger call is one transaction, so after any of these nothing was half-written."""
-    from sqlalchemy.exc import DatabaseError, DataError, IntegrityError, InterfaceError, OperationalError
+    from sqlalchemy.exc import (
+        DatabaseError,
+        DataError,
+        IntegrityError,
+        InterfaceError,
+        OperationalError,
+    )
 
     if isinstance(exc, (OperationalError, InterfaceError)):
         return f"the ledger database is unavailable: {_first(exc)}", EXIT_UNAVAILABLE
     if isinstance(exc, DataError):  # a value the limits (ggpo_batch/limits.py) should have refused
         return f"the ledger database refused a value, nothing was written: {_first(exc)}", EXIT_BAD_INPUT
     if isinstance(exc, IntegrityError):
-        return (f"a concurrent change to the ledger conflicted with this one, nothing was written; run the "
-                f"command again ({_first(exc)})", EXIT_UNAVAILABLE)
+        message = (f"a concurrent change to the ledger conflicted with this one, nothing was written; run the "
+                   f"command again ({_first(exc)})")
+        return message, EXIT_UNAVAILABLE
     if isinstance(exc, DatabaseError):  # SQLite: "file is not a database", "database disk image is malformed"
-        return (f"the ledger database cannot be used: {_first(exc)} (is GGPO_DB_URL a ggpo-batch ledger, and "
-                f"the file intact?)", EXIT_UNAVAILABLE)
+        message = (f"the ledger database cannot be used: {_first(exc)} (is GGPO_DB_URL a ggpo-batch ledger, and "
+                   f"the file intact?)")
+        return message, EXIT_UNAVAILABLE
     try:
         from redis.exceptions import ConnectionError as RedisConnectionError
         from redis.exceptions import RedisError

@@ -247,7 +247,7 @@ def _dispose_engines() -> None:
 
 @pytest.fixture(scope="module")
 def backends(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[Backends]:
-    import ggpo_batch.ledger.db as db
+    from ggpo_batch.ledger import db
 
     real = db.create_engine
 
