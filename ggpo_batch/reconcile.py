@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -84,7 +85,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             if att.job_id not in accounts:
                 continue
             info, segments = accounts[att.job_id].latest, accounts[att.job_id].segments  # type: ignore[index]
-            try:
+            with _one_run(rep, run.run_key):
                 run, att = _book_requeues(ledger, run, att, segments, actor)
                 if not info.final and over_allowance(run):
                     _refuse_requeue(ex, run, att)
@@ -100,29 +101,15 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                 elif info.state == "RUNNING" and att.state == "submitted":
                     ledger.mark_running(run.run_key, att.number, actor=actor, started_at=info.start)
                     rep.started += 1
-            except LedgerError as exc:  # another reconciler got there first
-                log.info("reconcile %s: %s", run.run_key, exc.message)
-            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
-                raise
-            except Exception:  # one bad run must not stop reconcile for the others
-                log.exception("reconcile %s: failed; the other runs go on", run.run_key)
-                rep.errors += 1
         for run, att in pairs:
             if att.job_id or att.state != "submitting":
                 continue
             if run.run_key in busy or utcnow() - att.created_at < stale_after:
                 continue  # its worker may still be submitting it
-            try:
+            with _one_run(rep, run.run_key):
                 spec = RunSpec.from_dict(run.run_spec)
                 folder = attempt_folder(settings.jobs_dir, run.run_key, att.number)
                 job_id = ex.find(spec, att.number, folder)
-            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
-                raise
-            except Exception:  # one bad run must not stop reconcile for the others
-                log.exception("reconcile %s: cannot look for its job; the other runs go on", run.run_key)
-                rep.errors += 1
-                continue
-            try:
                 ledger.resolve_submitting(run.run_key, att.number, job_id=job_id, actor=actor,
                                           reason="worker died while submitting; " + (
                                               f"the scheduler has job {job_id}" if job_id else
@@ -131,13 +118,6 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                 if job_id is None and _retry_lost_submission(ledger, run.run_key, actor,
                                                              by_name.get(settings.queue_for(run.experiment.queue))):
                     rep.retried += 1
-            except LedgerError as exc:
-                log.info("reconcile %s: %s", run.run_key, exc.message)
-            except SERVICE_DOWN:  # the database or Redis, not this run: the cycle ends, the next retries
-                raise
-            except Exception:  # one bad run must not stop reconcile for the others
-                log.exception("reconcile %s: failed; the other runs go on", run.run_key)
-                rep.errors += 1
 
     rep.requeued = _requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
@@ -153,6 +133,22 @@ def _profile_of(pairs: Sequence[tuple[Run, Attempt]]) -> str:
         except Exception:  # noqa: BLE001, S112 (that run's own loop body logs and counts it)
             continue
     return "default"
+
+
+@contextmanager
+def _one_run(rep: ReconcileReport, run_key: str) -> Iterator[None]:
+    """One run's share of a cycle: a ledger refusal (another reconciler got there first) is
+    logged; a database or Redis outage ends the cycle (the next one retries); anything else is
+    counted in `rep.errors` and the other runs go on: one bad run never stops recovery."""
+    try:
+        yield
+    except LedgerError as exc:
+        log.info("reconcile %s: %s", run_key, exc.message)
+    except SERVICE_DOWN:
+        raise
+    except Exception:
+        log.exception("reconcile %s: failed; the other runs go on", run_key)
+        rep.errors += 1
 
 
 def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str, queue: RunQueue | None) -> bool:

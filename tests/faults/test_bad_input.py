@@ -3,6 +3,7 @@ exit code 2, no traceback, and no ledger row."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -133,6 +134,6 @@ def test_every_malformed_spec_is_one_line_exit_2_no_ledger_row(env: dict[str, st
         assert res.exit_code == 2 and res.output.count("\n") == 1 and str(path) in res.output, (special, res.output)
         checked += 1
     status = runner.invoke(cli, ["status", "--json"], catch_exceptions=False)
-    assert '"experiments": []' in status.output
+    assert json.loads(status.output)["experiments"] == []
     print(f"\n{checked} malformed specs: all exit 2, one line, no traceback, no ledger row "
           f"({(time.perf_counter() - t0) / checked * 1000:.1f} ms each)")
