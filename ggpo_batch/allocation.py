@@ -11,6 +11,10 @@ from pathlib import Path
 
 # The attempt's result record (one entry of seeds/000), written by the job, read by settlement.
 RECORD_NAME = "record.json"
+# The job's details beside its record: history, audit and the evaluation (per item), which
+# settlement reads into the run's outcome (ggpo_batch/outcome.py).
+DETAILS_SUFFIX = ".details.json"
+DETAILS_NAME = RECORD_NAME + DETAILS_SUFFIX
 # Exported by the first line of the batch script: the allocation's start (epoch seconds), so the
 # job's own GPU-hours include interpreter and torch start-up, as the scheduler's do.
 ALLOC_START_ENV = "GGPO_ALLOC_START"
@@ -27,6 +31,16 @@ def attempt_folder(jobs_dir: Path, run_key: str, number: int) -> Path:
 def record_path(folder: Path) -> Path:
     """Where the job of the attempt in `folder` writes its result record."""
     return Path(folder) / RECORD_NAME
+
+
+def details_path(folder: Path) -> Path:
+    """Where the job of the attempt in `folder` writes its details (evaluation included)."""
+    return Path(folder) / DETAILS_NAME
+
+
+def details_of(record: Path) -> Path:
+    """The details file a job writes beside the result record `record` (any path: `train -o`)."""
+    return Path(str(record) + DETAILS_SUFFIX)
 
 
 def alloc_start_export(shell_now: str) -> str:

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from .accounting import gpu_hours
-from .allocation import record_path
+from .allocation import details_path, record_path
 from .executor.base import JobInfo
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run
+from .outcome import read_outcome
 from .run_record import check_run_record, entry_key
 from .states import (
     INFRASTRUCTURE_ATTEMPT_STATES,
@@ -88,20 +89,26 @@ def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
 
 
 def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str) -> Outcome:
-    """Book the end of `attempt`: state, times, both GPU-hour figures, result; re-queue if allowed."""
+    """Book the end of `attempt`: state, times, both GPU-hour figures, result and the evaluation's
+    outcome (from the details file, when the job wrote one); re-queue if allowed."""
     out = decide(run, attempt, info, folder)
     job_gh = None
     elapsed = info.elapsed_seconds
+    outcome = None
     if out.record is not None:
         timing = out.record["timing"]
         job_gh = timing["allocated_gpu_hours_through_evaluation"]
         elapsed = elapsed if elapsed is not None else timing["elapsed_seconds"]
+        outcome, why = read_outcome(details_path(folder))
+        if why:  # the record alone makes the run: it succeeds without an outcome (the report says so)
+            log.warning("run %s attempt %d: no evaluation outcome: %s", run.run_key, attempt.number, why)
     elif elapsed is not None:
         job_gh = gpu_hours(attempt.gpus, elapsed)
     ledger.mark_finished(run.run_key, attempt.number, attempt_state=out.attempt_state, run_state=out.run_state,
                          actor=actor, reason=out.reason, started_at=info.start, ended_at=info.end,
                          elapsed_seconds=elapsed, gpu_hours_job=job_gh, gpu_hours_scheduler=info.gpu_hours,
-                         scheduler_state=info.state, exit_code=info.exit_code, result=out.record)
+                         scheduler_state=info.state, exit_code=info.exit_code, result=out.record,
+                         outcome=outcome)
     rec_path = record_path(folder)
     if out.record is not None:
         ledger.record_artifact(path=str(rec_path), sha256=hashlib.sha256(rec_path.read_bytes()).hexdigest(),

@@ -149,8 +149,10 @@ class AttemptTransitions(LedgerCore):
                       ended_at: datetime | None = None, elapsed_seconds: float | None = None,
                       gpu_hours_job: float | None = None, gpu_hours_scheduler: float | None = None,
                       scheduler_state: str | None = None, exit_code: str | None = None,
-                      result: Mapping[str, Any] | None = None) -> Attempt:
-        """End an attempt with its accounting; move the run to `run_state` (None: leave it, e.g. a retry follows)."""
+                      result: Mapping[str, Any] | None = None,
+                      outcome: Mapping[str, Any] | None = None) -> Attempt:
+        """End an attempt with its accounting; move the run to `run_state` (None: leave it, e.g. a retry follows).
+        `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`."""
         if attempt_state not in ATTEMPT_FINAL:
             raise LedgerError(f"{attempt_state!r} is not a final attempt state")
         with self.session() as s:
@@ -170,6 +172,8 @@ class AttemptTransitions(LedgerCore):
                     setattr(att, name, value)
             if result is not None:
                 run.result = dict(result)
+            if outcome is not None:
+                run.outcome = dict(outcome)
             if run_state is not None and run_state != run.state:
                 self._move(s, run, run_state, actor, reason, attempt=att)
                 run.cause = reason if run_state != "succeeded" else None

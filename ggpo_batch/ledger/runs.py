@@ -41,6 +41,14 @@ class RunTransitions(LedgerCore):
         with self.session() as s:
             return dict(s.execute(select(Run.run_key, Run.state).where(Run.experiment_id == experiment_id)).all())
 
+    def outcomes(self, experiment_id: int) -> dict[int, dict[str, Any]]:
+        """Run id -> evaluation outcome of one experiment version's runs that have one (the deferred
+        column, read only here: the report's)."""
+        with self.session() as s:
+            rows = s.execute(select(Run.id, Run.outcome).where(Run.experiment_id == experiment_id,
+                                                               Run.outcome.is_not(None)))
+            return {i: o for i, o in rows if o is not None}
+
     def create_experiment(self, *, name: str, version: int, method: str, source: str, spec_hash: str,
                           spec: Mapping[str, Any], gpus: int, actor: str, runs: Sequence[NewRun],
                           initial_state: str = "queued", source_path: str | None = None,

@@ -95,6 +95,9 @@ class Run(Base):
     cause: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(200))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    # The evaluation's figures (ggpo_batch/outcome.py), booked with the result (migration 0003).
+    # Deferred: per-item rewards are the report's to read, not every query's that loads runs.
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 

@@ -56,7 +56,11 @@ class TrainConfig(GgpoConfig):
     synthetic_unsupported_fraction: float = 0.3
     retrieval_top_k: int = 2
     passage_max_bytes: int = 64
-    eval_size: int = 16
+    # Evaluation (train/evaluation.py): the first eval_size held-out items (0 = all of them), greedy
+    # at eval_temperature 0, else eval_samples sampled answers per item, rewards averaged.
+    eval_size: int = 0
+    eval_temperature: float = 0.0
+    eval_samples: int = 1
 
     def __post_init__(self) -> None:
         pass  # validated by from_table with the spec's path in every message (`_validate`)
@@ -88,12 +92,14 @@ class TrainConfig(GgpoConfig):
             bad(key, problem)
         for key in ("n_embd", "n_layer", "n_head", "n_positions", "prompts_per_step", "max_new_tokens",
                     "max_turns", "retrieval_top_k", "passage_max_bytes",
-                    "eval_size", "synthetic_entities", "synthetic_eval_items"):
+                    "eval_samples", "synthetic_entities", "synthetic_eval_items"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("exposures_per_step", "max_steps", "checkpoint_every"):
+        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "eval_size", "eval_temperature"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.eval_temperature == 0 and self.eval_samples != 1:
+            bad("eval_samples", "must be 1 when eval_temperature = 0 (greedy decoding gives one answer)")
         if self.n_embd % self.n_head:
             bad("n_head", f"must divide n_embd={self.n_embd}")
         for key in ("aux_coef", "grad_clip"):

@@ -24,7 +24,7 @@ from typing import Any
 
 import submitit
 
-from ..allocation import PREEMPTED_EXIT_CODE, allocation_start
+from ..allocation import PREEMPTED_EXIT_CODE, allocation_start, details_of
 from ..errors import GgpoError
 from ..netutil import free_port
 from ..run_record import entry_key, require_valid
@@ -160,7 +160,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
                            "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
                            "rank_policy_sha256": rank_digests}
                 output.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(Path(self.output + ".details.json"), details)
+                write_json_atomic(details_of(output), details)
                 write_json_atomic(output, record)
             return record
         finally:

@@ -298,31 +298,11 @@ class Trainer:
                 res.problems.append(f"rank {rank}: no step to audit")
         return res
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, Any]:
-        """Mean reward on held-out items (one sampled rollout each), split by exposure in this arm."""
-        items = list(self.data.heldout[: self.cfg.eval_size])[self.rank :: self.world]
-        # Exposed = trained on in an exposure group before the budget ended, on any rank (not planned).
-        per_rank: list[Any] = [None] * self.world
-        dist.all_gather_object(per_rank, sorted(self.state.exposed_items))
-        exposed = set().union(*per_rank)
-        planned = {it.item_id for g in self.curriculum.exposure_groups for it, _ in g.parts}
-        trajs = [start(it, "eval", encode(render("eval", it))) for it in items]
-        self.backend.wake()
-        run_episodes(trajs, self.backend, self.retriever, max_turns=self.cfg.max_turns,
-                     max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-                     top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
-                     seed=self.spec.seed + 17 + self.rank)
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
-        for t in trajs:
-            k = 0 if t.item.item_id in exposed else 2
-            sums[k] += t.reward
-            sums[k + 1] += 1
-        dist.all_reduce(sums, op=dist.ReduceOp.SUM)
-        s = sums.tolist()
-        return {"items": int(s[1] + s[3]), "exposed_items": int(s[1]), "exposed_mean_reward": s[0] / s[1] if s[1] else None,
-                "unexposed_mean_reward": s[2] / s[3] if s[3] else None,
-                "trained_exposure_item_ids": sorted(exposed), "planned_exposure_items": len(planned)}
+        """The held-out evaluation (train/evaluation.py): per-item rewards, split by exposure in this arm."""
+        from .evaluation import evaluate
+
+        return evaluate(self)
 
     def totals(self) -> dict[str, int]:
         """Counts, costs and aux sources summed over ranks."""

@@ -294,7 +294,7 @@ def test_one_second_run_short_of_exposure_is_not_reconciled(tmp_path: Path, spec
                                 exposures_per_step=CFG.exposures_per_step, seed=2)
     trained = {it.item_id for s in range(rec["training"]["counts"]["steps"])
                for g in curriculum.step_groups(s) if g.exposure for it, _ in g.parts}
-    evaluated = {it.item_id for it in DATA.heldout[: CFG.eval_size]}
+    evaluated = {it.item_id for it in DATA.heldout[: CFG.eval_size or None]}  # eval_size 0: every item
     ev = details["evaluation"]
     assert set(ev["trained_exposure_item_ids"]) == trained
     assert ev["exposed_items"] == len(trained & evaluated) < len(evaluated)  # not the 24 planned

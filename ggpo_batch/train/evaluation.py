@@ -1,0 +1,122 @@
+"""Held-out evaluation of the trained policy: the run's outcome, one row per item.
+
+After training and the audit, every rank rolls out its share of the evaluation items (the first
+`train.eval_size` held-out items; 0, the default, is all of them) with the same episode code as
+training (search turns, retrieval, the verifier's reward). Decoding is `train.eval_temperature`:
+0 (the default) is greedy -- one answer per item, the most likely token at each step -- and a
+temperature > 0 samples `train.eval_samples` answers per item, whose rewards are averaged.
+
+An item counts as exposed when the run trained on it in an exposure group before its budget ended,
+on any rank -- not when it was planned. The result goes into the details file (key `evaluation`):
+the split means the record keeps, the decoding, and `per_item` rows (item id, exposed, reward, gold
+and the answers), from which settlement books the run's outcome in the ledger
+(`ggpo_batch/outcome.py`).
+
+Greedy through the rollout backends: both take a temperature, so greedy is asked for as
+GREEDY_TEMPERATURE (1e-6). vLLM treats a temperature below 1e-5 as greedy sampling; the torch sampler
+divides the logits by it, which makes the distribution one-hot on the argmax (ties within ~1e-5 of
+a logit aside), so its draw is the argmax.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..outcome import GREEDY, SAMPLED
+
+if TYPE_CHECKING:
+    from .task import Item
+    from .trainer import Trainer
+
+GREEDY_TEMPERATURE = 1e-6
+EVAL_TEMPLATE = "eval"
+
+
+def eval_items(heldout: Sequence[Item], size: int) -> list[Item]:
+    """The items evaluated: the first `size` held-out items, all of them when `size` is 0."""
+    return list(heldout if size <= 0 else heldout[:size])
+
+
+def decoding(temperature: float, samples: int) -> dict[str, Any]:
+    """How answers are drawn: greedy (temperature 0, one answer) or `samples` sampled ones."""
+    if temperature <= 0:
+        return {"decoding": GREEDY, "temperature": 0.0, "samples": 1}
+    return {"decoding": SAMPLED, "temperature": float(temperature), "samples": int(samples)}
+
+
+def _mean(xs: Iterable[float]) -> float | None:
+    xs = list(xs)
+    return math.fsum(xs) / len(xs) if xs else None
+
+
+def summarize(rows: Iterable[Mapping[str, Any]], exposed: Iterable[str], *, planned: int,
+              how: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluation of a run from its per-item rows ({"item_id", "gold", "rewards", "answers"},
+    from every rank, in evaluation order): the details file's `evaluation` (pure, no torch)."""
+    trained = set(exposed)
+    per_item = []
+    for r in rows:
+        rewards = [float(x) for x in r["rewards"]]
+        row: dict[str, Any] = {"item_id": r["item_id"], "exposed": r["item_id"] in trained,
+                               "reward": _mean(rewards), "gold": r.get("gold"),
+                               "answer": r["answers"][0] if r["answers"] else ""}
+        if len(rewards) > 1:
+            row["rewards"], row["answers"] = rewards, list(r["answers"])
+        per_item.append(row)
+    ex = [p["reward"] for p in per_item if p["exposed"]]
+    un = [p["reward"] for p in per_item if not p["exposed"]]
+    return {
+        "items": len(per_item), "exposed_items": len(ex),
+        "mean_reward": _mean(p["reward"] for p in per_item),
+        "exposed_mean_reward": _mean(ex), "unexposed_mean_reward": _mean(un),
+        **how,
+        "trained_exposure_item_ids": sorted(trained), "planned_exposure_items": planned,
+        "per_item": per_item,
+    }
+
+
+def _roll_out(trainer: Trainer, items: list[Item], samples: int, temperature: float) -> list[dict[str, Any]]:
+    """This rank's rows: `samples` episodes per item through the trainer's backend, retriever and
+    episode code (the one place this module follows how the trainer rolls out)."""
+    from .environment import run_episodes, start
+    from .task import render
+    from .tokenizer import encode
+
+    cfg = trainer.cfg
+    trajs = [start(it, EVAL_TEMPLATE, encode(render(EVAL_TEMPLATE, it))) for it in items for _ in range(samples)]
+    trainer.backend.wake()
+    run_episodes(trajs, trainer.backend, trainer.retriever, max_turns=cfg.max_turns,
+                 max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.retrieval_top_k,
+                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed + 17 + trainer.rank)
+    rows = []
+    for i, it in enumerate(items):
+        mine = trajs[i * samples:(i + 1) * samples]
+        rows.append({"item_id": it.item_id, "gold": it.answer, "rewards": [float(t.reward) for t in mine],
+                     "answers": [t.answer for t in mine]})
+    return rows
+
+
+def evaluate(trainer: Trainer) -> dict[str, Any]:
+    """The run's evaluation (module docstring); collective: every rank calls it, every rank returns
+    the whole run's."""
+    import torch
+    import torch.distributed as dist
+
+    cfg = trainer.cfg
+    how = decoding(cfg.eval_temperature, cfg.eval_samples)
+    items = eval_items(trainer.data.heldout, cfg.eval_size)
+    order = {it.item_id: i for i, it in enumerate(items)}
+    # Exposed = trained on in an exposure group before the budget ended, on any rank (not planned).
+    per_rank: list[Any] = [None] * trainer.world
+    dist.all_gather_object(per_rank, sorted(trainer.state.exposed_items))
+    exposed = set().union(*per_rank)
+    planned = {it.item_id for g in trainer.curriculum.exposure_groups for it, _ in g.parts}
+    temperature = how["temperature"] or GREEDY_TEMPERATURE
+    with torch.no_grad():
+        rows = _roll_out(trainer, items[trainer.rank::trainer.world], how["samples"], temperature)
+    gathered: list[Any] = [None] * trainer.world
+    dist.all_gather_object(gathered, rows)
+    every = sorted((r for part in gathered for r in part), key=lambda r: order[r["item_id"]])
+    return summarize(every, exposed, planned=len(planned), how=how)
