@@ -16,91 +16,177 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 
+def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, int | None]]:
+    """EXPERIMENT arguments: NAME or NAME@VERSION, one or two, each checked like any name."""
+    from .. import limits
+
+    if not 1 <= len(values) <= 2:
+        raise click.BadParameter(f"give one experiment, or two to compare (got {len(values)})", ctx=ctx, param=param)
+    out: list[tuple[str, int | None]] = []
+    for v in values:
+        name, at, ver = v.partition("@")
+        problem = limits.name_problem(name)
+        version: int | None = None
+        if not problem and at:
+            try:
+                version = int(ver)
+            except ValueError:
+                problem = f"{v!r}: the version after '@' must be a whole number"
+            else:
+                problem = limits.version_problem(version)
+        if problem:
+            raise click.BadParameter(problem, ctx=ctx, param=param)
+        out.append((name, version))
+    return out
+
+
 @cli.command()
-@click.argument("experiment", callback=NAME_VALUE)
-@click.option("--version", "version", type=int, callback=VERSION_VALUE, help="Experiment version (default: the latest).")
+@click.argument("experiments", nargs=-1, required=True, callback=_which,
+                metavar="EXPERIMENT[@VERSION] [OTHER[@VERSION]]")
+@click.option("--version", "version", type=int, callback=VERSION_VALUE,
+              help="Experiment version (default: the latest); or write NAME@VERSION.")
 @click.option("--baseline", default="clean", show_default=True, callback=ARM_VALUE,
               help="Arm the others are compared with, by seed.")
-@click.option("--json", "as_json", is_flag=True, help="The same content as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="The same content as JSON (= --format json).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default=None,
+              help="text (terminal tables, the default), json, or one self-contained Markdown / HTML file with "
+                   "the tables and the plots embedded.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to this file (default: stdout).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Also write PNG plots (GPU-hours per arm, steps per arm) into this folder.")
+              help="Also write PNG plots into this folder: GPU-hours and steps per arm; outcome per arm and the "
+                   "paired differences (forest plot) where runs have outcomes.")
 @pass_app
-def report(app: App, experiment: str, version: int | None, baseline: str, as_json: bool,
-           plot_dir: Path | None) -> None:
-    """Per arm: mean, std and n of steps, GPU-hours, overshoot, tokens and exposure; arm - baseline
-    differences paired by seed; GPU-hours spent and decided not spent."""
-    from ..reporting.report import experiment_report
+def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str, as_json: bool,
+           fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
+    """What an experiment found and what it cost. Per arm: the evaluation outcome (reward on all,
+    exposed and unexposed held-out items) with 95 % intervals, and per GPU-hour; arm - baseline
+    paired by seed on the same items, with intervals; steps, loop time, GPU-hours, overshoot,
+    tokens and exposure. Comparability warnings come first. Two experiments (or NAME@1 NAME@2):
+    side by side."""
+    from ..reporting.report import compare_reports, experiment_report
 
-    data = experiment_report(app.ledger(), experiment, version=version, baseline=baseline)
-    plots: list[str] = []
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError("--json and --format say the same thing: give one")
+    fmt = "json" if as_json else (fmt or "text")
+    if version is not None and len(experiments) == 2:
+        raise click.UsageError("--version is for one experiment; compare versions as NAME@1 NAME@2")
+    led = app.ledger()
+    reps = [experiment_report(led, name, version=v if v is not None else version, baseline=baseline)
+            for name, v in experiments]
+    cmp = compare_reports(reps[0], reps[1]) if len(reps) == 2 else None
+    if fmt in ("md", "html"):
+        _write(_document(fmt, reps, cmp, plot_dir), output)
+        return
+    plot_paths: list[str] = []
     if plot_dir is not None:
         from ..reporting.plots import write_plots
 
-        plots = [str(p) for p in write_plots(data, plot_dir)]
-    if as_json:
-        echo_json({**data, "plots": plots})
+        for i, rep in enumerate(reps):
+            plot_paths += [str(p) for p in write_plots(rep, plot_dir / ("ab"[i] if cmp else ""))]
+    data: Mapping[str, Any] = cmp if cmp is not None else reps[0]
+    if fmt == "json":
+        if output is None:
+            echo_json({**data, "plots": plot_paths})
+        else:
+            import json
+
+            _write(json.dumps({**data, "plots": plot_paths}, indent=2, sort_keys=True, default=str) + "\n", output)
         return
-    print_report(data)
-    for p in plots:
+    if cmp is not None:
+        print_comparison(cmp)
+    else:
+        print_report(data)
+    for p in plot_paths:
         click.echo(f"plot: {p}")
 
 
-def _ms(st: Mapping[str, Any] | None, digits: int = 2, pct: bool = False) -> str:
-    if not st or st.get("mean") is None:
-        return "-"
-    scale = 100.0 if pct else 1.0
-    std = st.get("std")
-    unit = "%" if pct else ""
-    text = f"{st['mean'] * scale:,.{digits}f}{unit}"
-    return text + (f" ± {std * scale:,.{digits}f}{unit}" if std is not None else "")
+def _document(fmt: str, reps: list[dict[str, Any]], cmp: Mapping[str, Any] | None, plot_dir: Path | None) -> str:
+    """The Markdown or HTML file: plots drawn into `plot_dir` (kept) or a temporary folder, embedded."""
+    import tempfile
+
+    from ..reporting.plots import write_plots
+    from ..reporting.render import to_html, to_markdown
+    from .app import invoked_command
+
+    with tempfile.TemporaryDirectory(prefix="ggpo-report-") as tmp:
+        plots: list[tuple[str, Path]] = []
+        for i, rep in enumerate(reps):
+            folder = Path(plot_dir or tmp) / ("ab"[i] if cmp else "")
+            plots += [(cmp["compare"][i] if cmp else "", p) for p in write_plots(rep, folder)]
+        render = to_markdown if fmt == "md" else to_html
+        return render(None if cmp else reps[0], plots, compare=cmp, command=invoked_command())
+
+
+def _write(text: str, output: Path | None) -> None:
+    """To stdout, or to `output` whole (a reader never sees half a file)."""
+    if output is None:
+        click.echo(text, nl=not text.endswith("\n"))
+        return
+    from ..errors import GgpoError
+
+    tmp = output.with_name(output.name + ".part")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(output)
+    except OSError as exc:
+        raise GgpoError(f"{output}: cannot write the report ({exc.strerror or exc}); nothing written") from None
+    finally:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    click.echo(f"wrote {output}", err=True)
+
+
+def _print_warnings(console: Console, warnings: list[dict[str, Any]], notes: list[str]) -> None:
+    if warnings:
+        console.print(f"[b red]comparability warnings ({len(warnings)})[/b red]: do not read the arms as equal-budget "
+                      f"comparisons until these are understood")
+        for w in warnings:
+            console.print(f"  ! {w['message']}", markup=False, highlight=False)
+    else:
+        console.print("no comparability warnings: equal budgets, loop times and overshoot within the thresholds, "
+                      "no retries, no failed audits, every seed paired")
+    for n in notes:
+        console.print(f"note: {n}", markup=False, highlight=False)
+
+
+def _print_tables(console: Console, tables: list[Any]) -> None:
+    from rich.table import Table
+
+    for tab in tables:
+        t = Table(title=tab.title, title_justify="left")
+        for i, col in enumerate(tab.columns):
+            t.add_column(col, justify="left" if i == 0 or col in ("figure", "decoding") else "right")
+        for row in tab.rows:
+            t.add_row(*row)
+        console.print(t)
 
 
 def print_report(data: Mapping[str, Any], console: Console | None = None) -> None:
-    """Lay out an experiment report as terminal tables."""
+    """Lay out an experiment report as terminal tables, the comparability warnings first."""
     from rich.console import Console
-    from rich.table import Table
 
-    from .tables import _f
+    from ..reporting.render import footer_lines, report_tables
 
     console = console or Console(width=None if sys.stdout.isatty() else 160)
-    head = f"{data['experiment']}" + (f" v{data['version']}  ({data['method']}, {data['source']}, "
-                                      f"{data['gpus']} GPUs/run)" if data["version"] is not None else "")
     if data["arms"]:
-        t = Table(title=f"{head}: per arm, mean ± sample std over n runs", title_justify="left")
-        for col in ("arm", "n", "steps", "GPU-h/run", "GPU-h total", "overshoot", "generated tok", "exposed",
-                    "exposed, nonzero adv"):
-            t.add_column(col, justify="left" if col == "arm" else "right")
-        for arm, a in data["arms"].items():
-            t.add_row(arm, str(a["steps"]["n"]), _ms(a["steps"], 1), _ms(a["allocated_gpu_hours"], 3),
-                      _f(a["allocated_gpu_hours"]["total"], 3), _ms(a["overshoot_fraction"], 2, pct=True),
-                      _ms(a["tokens"].get("backend_generated_tokens"), 0), _ms(a["exposure"].get("actual_exposed"), 0),
-                      _ms(a["exposure"].get("exposed_with_nonzero_advantage"), 1))
-        console.print(t)
-    if data["paired_vs_baseline"]:
-        t = Table(title=f"arm - {data['baseline']}, paired by seed (mean ± std over n seeds)", title_justify="left")
-        for col in ("arm", "n", "Δ steps", "Δ GPU-h", "Δ overshoot", "Δ generated tok"):
-            t.add_column(col, justify="left" if col == "arm" else "right")
-        for arm, d in data["paired_vs_baseline"].items():
-            t.add_row(arm, str(len(d["seeds"])), _ms(d["steps"], 1), _ms(d["allocated_gpu_hours"], 3),
-                      _ms(d["overshoot_fraction"], 2, pct=True), _ms(d.get("backend_generated_tokens"), 0))
-        console.print(t)
-    tot = data["totals"]
-    decided = tot["decided_not_spent_gpu_hours"]
-    console.print(f"spent: [b]{tot['spent_gpu_hours']:.4f}[/b] GPU-h in {tot['attempts']} attempts of {tot['runs']} "
-                  f"runs; decided not spent: {'unknown' if decided is None else f'{decided:.4f}'} GPU-h "
-                  f"({tot['decided_runs']} runs not reproduced)")
-    if tot.get("audit_failed_runs"):
-        bad = {arm: a["audit_failed"] for arm, a in data["arms"].items() if a.get("audit_failed")}
-        console.print(f"[b]rollout audit failed[/b]: {tot['audit_failed_runs']} succeeded runs ("
-                      + ", ".join(f"{arm} {n}" for arm, n in bad.items())
-                      + ") are left out of every statistic above; their GPU-h are in the spend")
-    if tot.get("budget_not_reconciled_runs"):
-        console.print(f"budget or exposure target not reached: {tot['budget_not_reconciled_runs']} runs "
-                      f"(their arms may not be compared as matched)")
-    for d in data["decisions"]:
-        console.print(f"decision {d['kind']} by {d['decided_by']} (review done: {d['review_done']}, automatic "
-                      f"retry: {d['automatic_retry']}): {d['resolution']}\n  cost basis: {d['cost_basis']}\n"
-                      f"  cost type: {d['cost_type']}\n  available budget: {d['available_budget']}", markup=False)
+        _print_warnings(console, data.get("warnings", []), data.get("notes", []))
+    _print_tables(console, report_tables(data))
+    for line in footer_lines(data):
+        console.print(line, markup=False, highlight=False)
+
+
+def print_comparison(data: Mapping[str, Any], console: Console | None = None) -> None:
+    """Two reports side by side as terminal tables, the warnings first."""
+    from rich.console import Console
+
+    from ..reporting.render import compare_tables
+
+    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    _print_warnings(console, data["warnings"], data["a"].get("notes", []) + data["b"].get("notes", []))
+    _print_tables(console, compare_tables(data))
 
 
 @cli.command()

@@ -8,10 +8,18 @@ are not comparable, nor are those of a run whose loss the audit found wrong: suc
 apart, `audit_failed`, per arm and in total); runs whose budget or exposure target was not reached
 are counted as `budget_not_reconciled` (their arms may not be compared as matched).
 GPU-hours count every run that spent any, failures included, summed over all its attempts.
+
+Outcomes (`ggpo_batch/outcome.py`: the evaluation's rewards, booked per run by settlement) are
+summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_method` says which:
+`stats.py`), and differenced against the baseline arm paired by seed, on the same items: an arm's
+reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
+what makes the arms not comparable (`comparability_warnings`, thresholds below); a report on a fair
+experiment has none.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
@@ -23,13 +31,21 @@ from ..costguard import KIND_NOT_REPRODUCED
 from ..errors import LedgerError
 from ..ledger import Ledger
 from ..ledger.schema import Run
+from ..outcome import OUTCOME_METRICS, matched_difference
 from ..run_record import audit_failed, budget_reconciled
+from . import stats
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
                  "shared_trajectories")
 # Per-seed metrics differenced against the baseline arm.
 PAIRED_METRICS = ("steps", "allocated_gpu_hours", "overshoot_fraction", "loop_seconds", "elapsed_seconds")
+
+# Comparability thresholds (README, "report"): beyond these, `warnings` says the arms differ.
+LOOP_TIME_TOLERANCE = 0.05  # an arm's mean loop time vs the baseline's, relative
+OVERSHOOT_TOLERANCE = 0.05  # an arm's mean overshoot fraction vs the baseline's, absolute (5 points of budget)
+BUDGET_TOLERANCE = 1e-9  # loop budgets must be equal (relative)
+# Retries, audit failures, missed budget or exposure targets and missing seeds: any one is a warning.
 
 
 def stat(values: Iterable[float]) -> dict[str, Any]:
@@ -52,16 +68,31 @@ def run_gpu_hours(run: Run) -> float | None:
     return math.fsum(costs) if costs else None
 
 
-def _per_run(run: Run) -> dict[str, Any]:
+def _resources(run: Run) -> tuple[str, str, int | None]:
+    """What a run ran on, as far as the ledger knows it: (executor, profile, GPUs). The GPU model is
+    not recorded anywhere (the profile may constrain it), so nothing here invents one."""
+    spec = run.run_spec or {}
+    executors = sorted({a.executor for a in run.attempts}) or [str(spec.get("executor", "?"))]
+    return ",".join(executors), str(spec.get("profile", "?")), spec.get("gpus")
+
+
+def _per_run(run: Run, outcome: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The figures of one run the report aggregates (None where the run has no result record)."""
     finished = run.result if run.state == "succeeded" and run.result else None
+    spec = run.run_spec or {}
     out: dict[str, Any] = {"seed": run.seed, "state": run.state, "allocated_gpu_hours": run_gpu_hours(run),
                            "attempts": len(run.attempts), "audit_failed": audit_failed(finished),
-                           "budget_reconciled": budget_reconciled(finished) if finished else None}
+                           "budget_reconciled": budget_reconciled(finished) if finished else None,
+                           "attempt_states": [a.state for a in run.attempts], "resources": _resources(run),
+                           "budget_seconds": spec.get("loop_budget_seconds")}
     res = finished if finished and not out["audit_failed"] else None
     if res is None:
         return out
     tr, bu, ti = res.get("training", {}), res.get("budget", {}), res.get("timing", {})
+    out["budget_seconds"] = bu.get("budget_seconds", out["budget_seconds"])
+    out["time_budget_reached"] = bu.get("time_budget_reached")
+    out["exposure_target_reached"] = bu.get("exposure_target_reached")
+    out["outcome"] = dict(outcome) if outcome else None
     counts = tr.get("counts", {})
     out.update(steps=counts.get("steps"), overshoot_fraction=bu.get("overshoot_fraction"),
                loop_seconds=bu.get("loop_seconds"), elapsed_seconds=ti.get("elapsed_seconds"),
@@ -102,9 +133,36 @@ def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "tokens": {k: _with_total([r["tokens"][k] for r in ok if k in r["tokens"]]) for k in token_keys},
         "exposure": {k: stat([r["exposure"][k] for r in ok if k in r["exposure"]]) for k in exposure_keys},
         "exposure_templates": dict(sorted(templates.items())),
-        "per_seed": {str(r["seed"]): {k: r.get(k) for k in ("state", "audit_failed", "budget_reconciled", "steps",
-                                                              "allocated_gpu_hours", "overshoot_fraction")}
+        **_arm_outcome(ok),
+        "per_seed": {str(r["seed"]): {**{k: r.get(k) for k in ("state", "audit_failed", "budget_reconciled", "steps",
+                                                                "allocated_gpu_hours", "overshoot_fraction",
+                                                                "loop_seconds")},
+                                      **{m: (r.get("outcome") or {}).get(m) for m in OUTCOME_METRICS}}
                      for r in rows},
+    }
+
+
+def _arm_outcome(ok: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """An arm's outcome figures over its comparable runs: each metric's summary with its 95 %
+    interval, the same per GPU-hour spent, how the answers were decoded, and how many runs have none."""
+    have = [r for r in ok if r.get("outcome")]
+    per_gpu_hour: dict[str, Any] = {}
+    for m in OUTCOME_METRICS:
+        per_gpu_hour[m] = stats.summary(r["outcome"][m] / r["allocated_gpu_hours"] for r in have
+                                        if r["outcome"].get(m) is not None and r.get("allocated_gpu_hours"))
+    decodings = sorted({f"{r['outcome'].get('decoding')}" + (f" x{r['outcome'].get('samples')} at T="
+                                                              f"{r['outcome'].get('temperature')}"
+                                                              if r["outcome"].get("decoding") == "sampled" else "")
+                        for r in have})
+    return {
+        "outcome": {m: stats.summary(r["outcome"].get(m) for r in have) for m in OUTCOME_METRICS},
+        "outcome_per_gpu_hour": per_gpu_hour,
+        "outcome_runs": len(have),
+        "no_outcome_runs": len(ok) - len(have),
+        "eval_items": stats.summary(r["outcome"].get("items") for r in have),
+        "eval_exposed_items": stats.summary(r["outcome"].get("exposed_items") for r in have),
+        "decoding": decodings,
+        "budget_seconds": stats.summary(r.get("budget_seconds") for r in ok),
     }
 
 
@@ -126,7 +184,18 @@ def _paired(by_arm: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str) ->
                 b = base[s]["tokens"].get(key) if key not in PAIRED_METRICS else base[s].get(key)
                 if a is not None and b is not None:
                     per_seed[str(s)] = a - b
-            diffs[key] = {**stat(per_seed.values()), "per_seed": per_seed}
+            diffs[key] = {**stats.summary(per_seed.values()), "per_seed": per_seed}
+        for metric in OUTCOME_METRICS:
+            per_seed, matched = {}, True
+            for s in seeds:
+                mo, bo = mine[s].get("outcome"), base[s].get("outcome")
+                if mo and bo:
+                    d, same_items = matched_difference(mo, bo, metric)
+                    matched = matched and same_items
+                    if d is not None:
+                        per_seed[str(s)] = d
+            if per_seed:
+                diffs[metric] = {**stats.summary(per_seed.values()), "per_seed": per_seed, "items_matched": matched}
         out[arm] = diffs
     return out
 
@@ -157,13 +226,16 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
     elif version is not None:
         raise LedgerError(f"experiment {experiment!r} was decided, never put in the ledger: it has no versions")
     runs = ledger.runs(experiment_id=exp.id) if exp is not None else []
-    rows = [_per_run(r) for r in runs]
+    outcomes = ledger.outcomes(exp.id) if exp is not None else {}
+    rows = [_per_run(r, outcomes.get(r.id)) for r in runs]
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run, row in zip(runs, rows):
         by_arm[run.arm].append(row)
     mine = [d for d in decisions if exp is None or d.experiment_id in (None, exp.id)]
     spent = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
     estimates = [r.estimated_gpu_hours for r in runs if r.estimated_gpu_hours is not None]
+    has_baseline = baseline in by_arm
+    train = {json.dumps((r.run_spec or {}).get("train") or {}, sort_keys=True) for r in runs}
     return {
         "experiment": experiment,
         "version": exp.version if exp else None,
@@ -171,8 +243,13 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "source": exp.source if exp else None,
         "gpus": exp.gpus if exp else None,
         "baseline": baseline if baseline in by_arm else None,
+        "requested_baseline": baseline,
+        "train": json.loads(next(iter(train))) if len(train) == 1 else None,
+        "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
+        if runs else [],
+        "notes": _notes(by_arm),
         "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
-        "paired_vs_baseline": _paired(by_arm, baseline) if baseline in by_arm else {},
+        "paired_vs_baseline": _paired(by_arm, baseline) if has_baseline else {},
         "totals": {
             "runs": len(runs),
             "audit_failed_runs": sum(1 for r in rows if r["audit_failed"]),
@@ -185,3 +262,201 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         },
         "decisions": [decision_row(d) for d in mine],
     }
+
+
+# ---- comparability ------------------------------------------------------------------------------
+
+def _warning(kind: str, arms: Sequence[str], message: str) -> dict[str, Any]:
+    return {"kind": kind, "arms": sorted(arms), "message": message}
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return math.fsum(xs) / len(xs) if xs else None
+
+
+def _seeds(seeds: Iterable[int]) -> str:
+    return ", ".join(str(s) for s in sorted(seeds))
+
+
+def comparability_warnings(by_arm: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str | None, *,
+                           requested: str = "clean") -> list[dict[str, Any]]:
+    """What makes these arms not comparable under an equal budget, each a {"kind", "arms", "message"}:
+    no baseline arm; loop budgets that differ; mean loop time or overshoot beyond LOOP_TIME_TOLERANCE /
+    OVERSHOOT_TOLERANCE of the baseline's; runs short of their loop budget or exposure target; runs
+    retried (more than one attempt); failed rollout audits; executor / profile / GPU count differing
+    from the baseline's; seeds missing from a pair (a run failed, is unfinished, or has no outcome)."""
+    out: list[dict[str, Any]] = []
+    arms = sorted(by_arm)
+    ok = {a: [r for r in by_arm[a] if "steps" in r] for a in arms}
+    if baseline is None:
+        out.append(_warning("no_baseline", [], f"no baseline arm {requested!r} (arms: {', '.join(arms)}): no paired "
+                                               f"differences; pass --baseline ARM"))
+    ref = baseline if baseline is not None else (arms[0] if arms else None)
+    # Loop budgets: the same for every arm, or nothing else is comparable.
+    budgets = {a: sorted({r["budget_seconds"] for r in by_arm[a] if r.get("budget_seconds") is not None}) for a in arms}
+    ref_budget = (budgets.get(ref) or [None])[0] if ref else None
+    for a in arms:
+        if len(budgets[a]) > 1:
+            out.append(_warning("budget_differs", [a], f"{a}: runs have different loop budgets "
+                                                       f"({', '.join(f'{b:g}' for b in budgets[a])} s)"))
+        elif ref_budget and budgets[a] and abs(budgets[a][0] - ref_budget) > BUDGET_TOLERANCE * ref_budget:
+            out.append(_warning("budget_differs", [a], f"{a}: loop budget {budgets[a][0]:g} s, {ref} "
+                                                       f"{ref_budget:g} s: the arms were not given the same budget"))
+    # Loop time reached and overshoot, arm mean vs the reference arm's.
+    if ref is not None and ok.get(ref):
+        ref_loop = _mean([r["loop_seconds"] for r in ok[ref] if r.get("loop_seconds") is not None])
+        ref_over = _mean([r["overshoot_fraction"] for r in ok[ref] if r.get("overshoot_fraction") is not None])
+        for a in arms:
+            if a == ref or not ok[a]:
+                continue
+            loop = _mean([r["loop_seconds"] for r in ok[a] if r.get("loop_seconds") is not None])
+            over = _mean([r["overshoot_fraction"] for r in ok[a] if r.get("overshoot_fraction") is not None])
+            if loop is not None and ref_loop and abs(loop - ref_loop) > LOOP_TIME_TOLERANCE * ref_loop:
+                out.append(_warning("loop_time_differs", [a], f"{a}: mean loop time {loop:.4g} s vs {ref} "
+                                    f"{ref_loop:.4g} s ({(loop / ref_loop - 1) * 100:+.1f} %, tolerance "
+                                    f"{LOOP_TIME_TOLERANCE * 100:g} %)"))
+            if over is not None and ref_over is not None and abs(over - ref_over) > OVERSHOOT_TOLERANCE:
+                out.append(_warning("overshoot_differs", [a], f"{a}: mean overshoot {over * 100:.1f} % of the budget "
+                                    f"vs {ref} {ref_over * 100:.1f} % (tolerance {OVERSHOOT_TOLERANCE * 100:g} "
+                                    f"points)"))
+    for a in arms:
+        short = [r for r in ok[a] if r.get("time_budget_reached") is False]
+        if short:
+            out.append(_warning("budget_not_reached", [a], f"{a}: {len(short)} run(s) stopped before the loop budget "
+                                                           f"(seeds {_seeds(r['seed'] for r in short)})"))
+        missed = [r for r in ok[a] if r.get("exposure_target_reached") is False]
+        if missed:
+            out.append(_warning("exposure_target_not_reached", [a],
+                                f"{a}: {len(missed)} run(s) short of the exposure target (seeds "
+                                f"{_seeds(r['seed'] for r in missed)}): not matched"))
+        retried = [r for r in by_arm[a] if r["attempts"] > 1]
+        if retried:
+            what = "; ".join(f"seed {r['seed']}: {r['attempts']} attempts ({', '.join(r['attempt_states'])})"
+                             for r in retried)
+            out.append(_warning("retried", [a], f"{a}: {len(retried)} run(s) retried ({what}); other runs took "
+                                                f"one attempt"))
+        bad = [r for r in by_arm[a] if r["audit_failed"]]
+        if bad:
+            out.append(_warning("audit_failed", [a], f"{a}: rollout audit failed for seeds "
+                                                     f"{_seeds(r['seed'] for r in bad)}: left out of every statistic"))
+    # Resources: executor, profile, GPUs per run (the GPU model is not in the ledger).
+    res = {a: sorted({r["resources"] for r in by_arm[a]}, key=str) for a in arms}
+    if ref is not None:
+        def fmt(rs: Sequence[tuple[str, str, int | None]]) -> str:
+            return "; ".join(f"{e}/{p}/{g} GPUs" for e, p, g in rs)
+
+        for a in arms:
+            if a != ref and res[a] != res[ref]:
+                out.append(_warning("resources_differ", [a], f"{a} ran on {fmt(res[a])}, {ref} on {fmt(res[ref])} "
+                                                             f"(executor/profile/GPUs)"))
+    # Seeds: every arm should have a comparable run (with an outcome) for the baseline's seeds.
+    if baseline is not None:
+        all_seeds = {r["seed"] for a in arms for r in by_arm[a]}
+        for a in arms:
+            have = {r["seed"] for r in ok[a]}
+            missing = all_seeds - have
+            if missing:
+                why = {r["seed"]: (r["state"] if r["state"] != "succeeded" else "audit failed" if r["audit_failed"]
+                                   else "no result") for r in by_arm[a] if r["seed"] in missing}
+                detail = ", ".join(f"{s} ({why.get(s, 'no run')})" for s in sorted(missing))
+                out.append(_warning("seeds_missing", [a], f"{a}: no comparable run for seed(s) {detail}: "
+                                                          f"{'every pair with it' if a == baseline else 'its pair with ' + baseline} "
+                                                          f"is missing"))
+        base_out = {r["seed"] for r in ok[baseline] if r.get("outcome")}
+        for a in arms:
+            if a == baseline:
+                continue
+            mine = {r["seed"] for r in ok[a] if r.get("outcome")}
+            if (mine or base_out) and mine != base_out:
+                lost = (mine ^ base_out) & {r["seed"] for r in ok[a]} & {r["seed"] for r in ok[baseline]}
+                if lost:
+                    out.append(_warning("seeds_missing", [a, baseline], f"{a} vs {baseline}: no outcome to pair "
+                                                                       f"for seed(s) {_seeds(lost)}"))
+    return out
+
+
+def _notes(by_arm: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
+    """What the reader should know that is not unfairness: runs without an evaluation outcome."""
+    ok = [r for rows in by_arm.values() for r in rows if "steps" in r]
+    none = [r for r in ok if not r.get("outcome")]
+    notes = []
+    if none:
+        notes.append(f"{len(none)} of {len(ok)} comparable runs have no evaluation outcome in the ledger (imported "
+                     f"runs, or jobs that wrote no evaluation): outcome statistics count only runs that have one")
+    return notes
+
+
+# ---- two reports side by side -------------------------------------------------------------------
+
+COMPARED_METRICS = (*OUTCOME_METRICS, "steps", "loop_seconds", "allocated_gpu_hours")
+
+
+def _label(rep: Mapping[str, Any]) -> str:
+    return f"{rep['experiment']} v{rep['version']}" if rep.get("version") is not None else str(rep["experiment"])
+
+
+def _per_seed_values(rep: Mapping[str, Any], arm: str, metric: str) -> list[float]:
+    seeds = rep["arms"].get(arm, {}).get("per_seed", {})
+    return [v[metric] for v in seeds.values() if v.get(metric) is not None]
+
+
+def _dict_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    keys = sorted(set(a) | set(b))
+    return [f"{k}: {a.get(k, '(default)')!r} -> {b.get(k, '(default)')!r}" for k in keys if a.get(k) != b.get(k)]
+
+
+def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+    """Two experiment reports (two experiments, or two versions of one) side by side: per arm and
+    metric each side's summary and B - A with Welch's t interval (the runs of two experiments are
+    independent: not paired, even where the seeds are the same numbers); each side's arm - baseline
+    differences; and `warnings`: what differs between the two setups, then each side's own."""
+    la, lb = _label(a), _label(b)
+    if la == lb:
+        la, lb = f"A: {la}", f"B: {lb}"
+    base = a.get("baseline") or b.get("baseline")
+    arms = sorted(set(a["arms"]) | set(b["arms"]), key=lambda x: (x != base, x))
+    out_arms: dict[str, Any] = {}
+    for arm in arms:
+        row: dict[str, Any] = {"in": [side for side, rep in (("a", a), ("b", b)) if arm in rep["arms"]]}
+        for m in COMPARED_METRICS:
+            va, vb = _per_seed_values(a, arm, m), _per_seed_values(b, arm, m)
+            row[m] = {"a": stats.summary(va), "b": stats.summary(vb), "b_minus_a": stats.welch(va, vb)}
+        out_arms[arm] = row
+    paired: dict[str, Any] = {}
+    for arm in sorted(set(a["paired_vs_baseline"]) | set(b["paired_vs_baseline"])):
+        pa, pb = a["paired_vs_baseline"].get(arm, {}), b["paired_vs_baseline"].get(arm, {})
+        row = {}
+        for m in (*OUTCOME_METRICS, "steps", "allocated_gpu_hours"):
+            da, db = pa.get(m), pb.get(m)
+            if da is None and db is None:
+                continue
+            row[m] = {"a": {k: v for k, v in (da or {}).items() if k != "per_seed"} or None,
+                      "b": {k: v for k, v in (db or {}).items() if k != "per_seed"} or None,
+                      "b_minus_a": stats.welch((da or {}).get("per_seed", {}).values(),
+                                               (db or {}).get("per_seed", {}).values())}
+        paired[arm] = row
+    warnings: list[dict[str, Any]] = []
+    for key, what in (("method", "method"), ("gpus", "GPUs per run"), ("baseline", "baseline arm")):
+        if a.get(key) != b.get(key):
+            warnings.append(_warning(f"{key}_differs", [], f"{what}: {la} {a.get(key)!r}, {lb} {b.get(key)!r}"))
+    budgets = {side: sorted({x["budget_seconds"]["mean"] for x in rep["arms"].values()
+                             if x.get("budget_seconds", {}).get("mean") is not None})
+               for side, rep in (("a", a), ("b", b))}
+    if budgets["a"] and budgets["b"] and budgets["a"] != budgets["b"]:
+        warnings.append(_warning("budget_differs", [], f"loop budget: {la} {budgets['a']} s, {lb} {budgets['b']} s"))
+    if a.get("train") is not None and b.get("train") is not None and a["train"] != b["train"]:
+        warnings.append(_warning("train_config_differs", [], "[train] differs: " + "; ".join(_dict_diff(a["train"],
+                                                                                                         b["train"]))))
+    only = {side: [x for x in arms if x not in rep["arms"]] for side, rep in (("a", b), ("b", a))}
+    for side, missing in only.items():
+        if missing:
+            warnings.append(_warning("arms_differ", missing, f"only in {la if side == 'a' else lb}: "
+                                                             f"{', '.join(missing)}"))
+    dec_a = sorted({d for x in a["arms"].values() for d in x.get("decoding", [])})
+    dec_b = sorted({d for x in b["arms"].values() for d in x.get("decoding", [])})
+    if dec_a and dec_b and dec_a != dec_b:
+        warnings.append(_warning("decoding_differs", [], f"evaluation decoding: {la} {dec_a}, {lb} {dec_b}"))
+    for lab, rep in ((la, a), (lb, b)):
+        warnings += [{**w, "message": f"{lab}: {w['message']}", "side": lab} for w in rep.get("warnings", [])]
+    return {"compare": [la, lb], "baseline": base, "arms": out_arms, "paired_vs_baseline": paired,
+            "warnings": warnings, "a": a, "b": b}
