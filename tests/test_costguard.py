@@ -9,6 +9,7 @@ import pytest
 
 from ggpo_batch import costguard
 from ggpo_batch.config import Settings
+from ggpo_batch.enqueue import new_experiment, new_run
 from ggpo_batch.errors import LedgerError
 from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
@@ -144,7 +145,10 @@ def test_over_cap_records_the_seed_003_decision_and_decided_runs(ledger, tmp_pat
     runs = spec.expand(1)
     est = costguard.estimate(ledger, spec, runs)
     check = costguard.check_caps(ledger, spec, est, settings=_settings(tmp_path), user="alice", queue="ggpo")
-    d = costguard.record_not_reproduced(ledger, spec, est, check, actor="alice", runs=runs, queue="ggpo")
+    per_run = {e.run_key: e.gpu_hours for e in est.runs}
+    d = costguard.record_not_reproduced(ledger, spec, est, check, actor="alice",
+                                        new_experiment=new_experiment(spec, 1, "ggpo"),
+                                        new_runs=[new_run(r, per_run) for r in runs])
     assert ledger.experiments()[0].queue == "ggpo"
     want = json.loads(SEED_003.read_text())["full_experiment"]
     for k in want:
@@ -163,7 +167,9 @@ def test_over_cap_records_the_seed_003_decision_and_decided_runs(ledger, tmp_pat
     # Nothing in flight: a decided run costs nothing and is not counted against the caps.
     assert ledger.committed_gpu_hours(user="alice") == (0.0, 0.0)
     # The same spec decided again links to the same experiment instead of creating another.
-    costguard.record_not_reproduced(ledger, spec, est, check, actor="alice", runs=runs)
+    costguard.record_not_reproduced(ledger, spec, est, check, actor="alice",
+                                    new_experiment=new_experiment(spec, 1, "ggpo"),
+                                    new_runs=[new_run(r, per_run) for r in runs])
     assert len(ledger.experiments()) == 1 and len(ledger.decisions()) == 2
 
     # Override: the runs go back to queued, with the reason in their events and in the decision.

@@ -196,8 +196,10 @@ def test_cli_report_decide_and_status(env: dict[str, str], tmp_path: Path) -> No
     assert big["totals"]["states"] == {"failed": 1, "not_reproduced": 2} and big["decided_runs"] == 2
     assert big["estimated_gpu_hours"] == 150.0
     assert [d["experiment"] for d in st["decided"]] == ["paper-full"]
-    out = _cli("status", "-e", "big").output
+    out = _cli("status", "-e", "big", "--runs").output  # every run: the decided ones listed apart
     assert out.index("OOM") < out.index("decided") < out.index("not_reproduced   ")
+    default = _cli("status", "-e", "big").output  # the default view lists what needs a look
+    assert "OOM" in default and "2 not_reproduced" in default and "not_reproduced   " not in default
     assert "not reproduced: no GPU spent, not failed" in out
     assert "decided, never queued" in _cli("status").output
     assert json.loads(_cli("status", "--json", "--state", "failed").output)["decided"] == []

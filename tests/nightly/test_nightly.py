@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.nightly import nightly
+from ggpo_batch.nightly import runner as nightly
 from ggpo_batch.nightly.corpus import CorpusError
 from ggpo_batch.nightly.runner import run_nightly
 from ggpo_batch.nightly.component_record import PER_SEED_KEYS, check_component_record

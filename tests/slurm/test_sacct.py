@@ -7,9 +7,9 @@ import time
 import pytest
 
 from ggpo_batch.errors import ExecutorError
+from ggpo_batch.accounting import disagreement
 from ggpo_batch.executor.sacct import (
     Sacct,
-    gpu_hours_disagreement,
     normalize_state,
     parse_gpus,
 )
@@ -83,6 +83,6 @@ def test_throttle_spaces_calls():
 
 
 def test_disagreement():
-    assert gpu_hours_disagreement(1.0, 1.005) == pytest.approx(0.005)
-    assert gpu_hours_disagreement(1.0, 1.02) > 0.01
-    assert gpu_hours_disagreement(None, 1.0) is None
+    assert disagreement(1.005, 1.0) == pytest.approx(0.005)
+    assert disagreement(1.02, 1.0) > 0.01
+    assert disagreement(1.0, None) is None

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.run_record import check_run_record, run_key
+from ggpo_batch.run_record import check_run_record, entry_key
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.job import Preempted
 from ggpo_batch.train.launch import train_local
@@ -44,7 +44,7 @@ def zero2_runs(tmp_path_factory, spec_for):
 def test_every_arm_writes_a_valid_record_shaped_like_the_seed(zero2_runs, seed_records, arm):
     out, rec, details = zero2_runs[arm]
     assert json.loads(out.read_text()) == rec
-    key = run_key(rec["seed"], arm)
+    key = entry_key(rec["seed"], arm)
     assert check_run_record(key, rec) == []
     seed_rec = seed_records[f"20261012/{arm}"]
     assert keys(rec) == keys(seed_rec)  # field for field, incl. the aux blocks of the *_answer arms
@@ -102,7 +102,7 @@ def test_training_changes_parameters_and_ranks_agree(zero2_runs):
 
 def test_zero3_trains_and_ranks_agree(tmp_path_factory, spec_for, seed_records):
     out, rec, details = run(tmp_path_factory, spec_for("paired_answer", budget=1.5, zero_stage=3))
-    assert check_run_record(run_key(rec["seed"], "paired_answer"), rec) == []
+    assert check_run_record(entry_key(rec["seed"], "paired_answer"), rec) == []
     assert details["zero_stage"] == 3 and len(set(details["rank_policy_sha256"])) == 1
     assert all(math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]) for h in details["history"])
     assert rec["training"]["status"] == "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
@@ -138,4 +138,4 @@ def test_sigusr1_checkpoints_and_a_rerun_resumes(tmp_path, spec_for):
     details = json.loads(Path(str(out) + ".details.json").read_text())
     assert details["resumed"] is True
     assert details["history"][0]["step"] == 0 and rec["training"]["counts"]["steps"] >= 4
-    assert check_run_record(run_key(rec["seed"], "paired"), rec) == []
+    assert check_run_record(entry_key(rec["seed"], "paired"), rec) == []
