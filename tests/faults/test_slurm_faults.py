@@ -176,14 +176,30 @@ def _steps_done(job_id: str) -> int:
     return SLURMD_LOG.read_text(errors="replace").count(f"[{job_id}.0] done with job")
 
 
+def _stepds(job_id: str) -> list[int]:
+    """The slurmstepd processes still serving `job_id` (each titles itself `slurmstepd: [<job>.<step>]`)."""
+    prefix = f"slurmstepd: [{job_id}.".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(prefix):
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
 def _node_down_then_back(job_id: str) -> None:
     """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job's
-    step (submitit's payload ignores SIGTERM until KillWait's SIGKILL; a requeued job launched
-    while the old step lingers is refused as a duplicate job id and drains the node)."""
+    step and its step daemons have exited (submitit's payload ignores SIGTERM until KillWait's
+    SIGKILL; a requeued job launched while a slurmstepd of the old run lingers, even one that has
+    logged "done with job", is refused as a duplicate job id and drains the node)."""
     before = _steps_done(job_id)
     try:
         run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
         wait_until(lambda: _steps_done(job_id) > before, 30, f"slurmd done with job {job_id}'s step")
+        wait_until(lambda: not _stepds(job_id), 30, f"the step daemons of job {job_id} gone")
     finally:
         def back() -> bool:
             if _node_state() in ("idle", "mixed", "allocated"):
