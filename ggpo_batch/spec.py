@@ -217,10 +217,12 @@ def _arm(p: str, name: str, table: Any) -> ArmSpec:
                    auxiliary_answer_loss=aux)
 
 
-def _validate_train(p: str, table: Mapping[str, Any]) -> None:
-    from .train.config import TrainConfig  # imports without torch
+def _validate_train(p: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    """The validated `[train]` table, its model and data paths made absolute (from the spec's folder)."""
+    from .train.config import TrainConfig, resolve_paths  # imports without torch
 
     TrainConfig.from_table(table, p)
+    return resolve_paths(table, Path(p).resolve().parent)
 
 
 def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
@@ -280,8 +282,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
         raise SpecError(p, "arms", f"has {len(arms_t)} arms; at most {MAX_ARMS}")
     arms = tuple(_arm(p, n, t) for n, t in arms_t.items())
 
-    train = _table(p, "train", data.get("train", {}))
-    _validate_train(p, train)
+    train = _validate_train(p, _table(p, "train", data.get("train", {})))
     problem = limits.json_problem(train)  # stored as JSON in the ledger: finite, bounded, plain
     if problem:
         raise SpecError(p, "train", problem)

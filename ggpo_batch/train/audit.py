@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from .task import Item, render, reward
-from .tokenizer import DOC_CLOSE, DOC_OPEN, decode, encode
+from .codec import ByteCodec, Codec
+from .task import Item, score
 
 # What `audit` checks, as the details file lists it.
 CHECKS = (
@@ -94,17 +94,19 @@ class AuditResult:
                 "generated_tokens_checked": self.generated_tokens_checked, "problems": list(self.problems)}
 
 
-def answer_text(turns: Iterable[tuple[int, tuple[int, ...]]]) -> str:
-    """The answer of an episode: the text of its final turn (the protocol of environment.run_episodes)."""
+def answer_text(turns: Iterable[tuple[int, tuple[int, ...]]], codec: Codec | None = None) -> str:
+    """The answer of an episode: what its final turn says (the protocol of environment.run_episodes)."""
     turns = list(turns)
-    return decode(list(turns[-1][1])) if turns else ""
+    return (codec or ByteCodec()).answer_text(list(turns[-1][1])) if turns else ""
 
 
-def audit(evidence: Iterable[StepEvidence]) -> AuditResult:
+def audit(evidence: Iterable[StepEvidence], codec: Codec | None = None) -> AuditResult:
+    """Audit every step of `evidence`; `codec` is the policy's (the byte vocabulary's when None)."""
+    codec = codec or ByteCodec()
     res = AuditResult()
     for ev in evidence:
         res.steps_checked += 1
-        _audit_step(ev, res)
+        _audit_step(ev, res, codec)
     return res
 
 
@@ -124,7 +126,7 @@ def _expected_advantages(ev: StepEvidence, rescored: dict[str, float]) -> dict[s
     return expected
 
 
-def _audit_step(ev: StepEvidence, res: AuditResult) -> None:
+def _audit_step(ev: StepEvidence, res: AuditResult, codec: Codec) -> None:
     where = f"step {ev.step}"
     bad = res.problems.append
     by_id: dict[str, TrajectoryEvidence] = {}
@@ -137,10 +139,10 @@ def _audit_step(ev: StepEvidence, res: AuditResult) -> None:
     # 1. Rewards, re-scored from the stored answer text.
     rescored: dict[str, float] = {}
     for t in by_id.values():
-        rescored[t.traj_id] = reward(answer_text(t.turns), t.item.answer)
+        rescored[t.traj_id] = score(answer_text(t.turns, codec), t.item)
         if not math.isclose(rescored[t.traj_id], t.reward, abs_tol=REWARD_TOL):
             bad(f"{where}: {t.traj_id} was given reward {t.reward:.6g}; the verifier re-scores its answer "
-                f"{answer_text(t.turns)!r} at {rescored[t.traj_id]:.6g}")
+                f"{answer_text(t.turns, codec)!r} at {rescored[t.traj_id]:.6g}")
 
     # 2. Advantages, tied to trajectory ids.
     expected = _expected_advantages(ev, rescored)
@@ -171,19 +173,19 @@ def _audit_step(ev: StepEvidence, res: AuditResult) -> None:
         elif not math.isclose(got, want, rel_tol=ADVANTAGE_TOL, abs_tol=ADVANTAGE_TOL):
             bad(f"{where} row {row}: {tid} of group {t.group} trained with advantage {got:+.4g}; its group's "
                 f"re-scored rewards give it {want:+.4g}")
-        _audit_mask(f"{where} row {row}: {tid}", t, mask, ev.targets[row], res)
+        _audit_mask(f"{where} row {row}: {tid}", t, mask, ev.targets[row], res, codec)
     for tid, want in expected.items():
         if want is not None and tid not in placed:
             bad(f"{where}: {tid} of retained group {by_id[tid].group} reached no loss row")
 
 
 def _audit_mask(where: str, t: TrajectoryEvidence, mask: torch.Tensor, targets: torch.Tensor,
-                res: AuditResult) -> None:
+                res: AuditResult, codec: Codec) -> None:
     """Compare one row's mask with the generated tokens the backend reported for its trajectory."""
     bad = res.problems.append
     width = mask.shape[0]
     row_tokens = targets.tolist()
-    prompt = encode(render(t.template, t.item))
+    prompt = codec.prompt(t.template, t.item)
     if row_tokens[: len(prompt) - 1] != prompt[1:]:
         bad(f"{where}: the row does not start with the prompt of {t.item.item_id} ({t.template})")
     want = torch.zeros(width, dtype=torch.bool)
@@ -217,5 +219,5 @@ def _audit_mask(where: str, t: TrajectoryEvidence, mask: torch.Tensor, targets: 
     missing = int((want & ~mask).sum())
     if missing:
         bad(f"{where}: {missing} generated token(s) missing from the loss mask")
-    if bool((((targets == DOC_OPEN) | (targets == DOC_CLOSE)) & mask).any()):
+    if codec.env_only_ids and bool((torch.isin(targets, torch.tensor(codec.env_only_ids)) & mask).any()):
         bad(f"{where}: tool delimiter tokens under the loss mask")

@@ -9,14 +9,110 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
 from .ggpo_config import GgpoConfig
 
 ROLLOUT_BACKENDS = ("torch", "vllm")
-TASKS = ("synthetic", "jsonl")
 PRECISIONS = ("auto", "fp32", "bf16")
+DTYPES = ("bfloat16", "float16", "float32")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+# Keys that shape the built-in byte GPT-2 only: meaningless beside [train.model].
+BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
+DATA_KEYS = ("train", "eval", "passages")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """`[train.model]`: a pretrained Hugging Face causal LM (a local directory, or a hub id found in the
+    local Hugging Face cache; nothing is downloaded) with its tokenizer and chat template."""
+
+    path: str
+    dtype: str = "bfloat16"
+    gradient_checkpointing: bool = False
+    attn_implementation: str = "sdpa"
+    max_model_len: int = 4096  # prompt + every turn + tool output of one trajectory, in tokens
+
+    @classmethod
+    def from_table(cls, table: Any, path: str) -> ModelConfig:
+        t = _subtable(table, path, "model")
+        if "path" not in t:
+            raise SpecError(path, "train.model.path", "is required (a Hugging Face checkpoint directory)")
+        values = {k: _coerce(v, getattr(cls, k, ""), path, f"model.{k}") for k, v in t.items()}
+        cfg = cls(**values)
+        if not cfg.path.strip():
+            raise SpecError(path, "train.model.path", "must not be empty")
+        if cfg.dtype not in DTYPES:
+            raise SpecError(path, "train.model.dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+        if cfg.attn_implementation not in ATTN_IMPLEMENTATIONS:
+            raise SpecError(path, "train.model.attn_implementation",
+                            f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {cfg.attn_implementation!r}")
+        if not 16 <= cfg.max_model_len <= 1 << 20:
+            raise SpecError(path, "train.model.max_model_len", f"must be in 16..{1 << 20}, got {cfg.max_model_len}")
+        return cfg
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """`[train.data]`: JSONL files (format in README, "Real models and data"). Exposure arms take
+    their held-out items from `eval`."""
+
+    train: str
+    eval: str
+    passages: str
+
+    @classmethod
+    def from_table(cls, table: Any, path: str) -> DataConfig:
+        t = _subtable(table, path, "data")
+        for key in DATA_KEYS:
+            if key not in t:
+                raise SpecError(path, f"train.data.{key}", "is required (a JSONL file)")
+        values = {k: _coerce(v, "", path, f"data.{k}") for k, v in t.items()}
+        for key, value in values.items():
+            if not value.strip():
+                raise SpecError(path, f"train.data.{key}", "must not be empty")
+        return cls(**values)
+
+
+def _subtable(table: Any, path: str, name: str) -> Mapping[str, Any]:
+    if not isinstance(table, Mapping):
+        raise SpecError(path, f"train.{name}", f"must be a table ([train.{name}])")
+    known = {f.name for f in fields(ModelConfig if name == "model" else DataConfig)}
+    for key in table:
+        if key not in known:
+            raise SpecError(path, f"train.{name}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
+    return table
+
+
+def resolve_paths(table: Mapping[str, Any], base: Path) -> dict[str, Any]:
+    """The `[train]` table with `model.path` and the `data` files made absolute: `~` expanded and
+    relative paths taken from `base` (the spec file's folder), so the run spec names the same files
+    wherever the job runs. A model path that is not a directory and reads as a hub id ("org/name")
+    is kept: it is resolved from the local Hugging Face cache where the model is loaded."""
+    from .hf import looks_like_hub_id
+
+    out = dict(table)
+
+    def absolute(value: Any, hub_ok: bool) -> Any:
+        if not isinstance(value, str) or not value.strip():
+            return value
+        p = Path(value).expanduser()
+        if p.is_absolute():
+            return str(p)
+        if hub_ok and looks_like_hub_id(value) and not (base / p).exists():
+            return value
+        return str((base / p).resolve())
+
+    if isinstance(table.get("model"), Mapping):
+        model = dict(table["model"])
+        if "path" in model:
+            model["path"] = absolute(model["path"], hub_ok=True)
+        out["model"] = model
+    if isinstance(table.get("data"), Mapping):
+        out["data"] = {k: absolute(v, hub_ok=False) for k, v in table["data"].items()}
+    return out
 
 
 @dataclass(frozen=True)
@@ -25,7 +121,10 @@ class TrainConfig(GgpoConfig):
     hyperparameters (group_size, clip_epsilon, kl_coef, reference_refresh_steps, advantage_eps)
     come from GgpoConfig."""
 
-    # Policy model: a GPT-2 built from this config (byte-level vocabulary, no download).
+    # Policy model: `[train.model]` (a pretrained checkpoint) or, without it, the built-in GPT-2
+    # below, built from config over the byte vocabulary (no download; the nightly tier, CPU tests).
+    model: ModelConfig | None = None
+    data: DataConfig | None = None  # `[train.data]` files; without it the generated corpus (task.synthetic)
     n_embd: int = 64
     n_layer: int = 2
     n_head: int = 2
@@ -42,20 +141,17 @@ class TrainConfig(GgpoConfig):
     zero_stage: int = 2
     precision: str = "auto"  # bf16 on GPU, fp32 on CPU
     lr: float = 1e-3
+    micro_batch_rows: int = 0  # trajectories per forward/backward pass; 0 = the rank's whole batch in one
     grad_clip: float = 1.0
     aux_coef: float = 1.0
     max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
     # Task.
-    task: str = "synthetic"
-    train_path: str = ""  # jsonl task: {"question", "answer", "support_title"} per line
-    eval_path: str = ""
-    corpus_path: str = ""  # jsonl task: {"title", "text"} per line
     synthetic_entities: int = 64
     synthetic_eval_items: int = 24
     synthetic_unsupported_fraction: float = 0.3
     retrieval_top_k: int = 2
-    passage_max_bytes: int = 64
+    passage_max_bytes: int = 64  # each retrieved passage is cut to this many bytes of text
     # Evaluation (train/evaluation.py): the first eval_size held-out items (0 = all of them), greedy
     # at eval_temperature 0, else eval_samples sampled answers per item, rewards averaged.
     eval_size: int = 0
@@ -64,9 +160,6 @@ class TrainConfig(GgpoConfig):
 
     def __post_init__(self) -> None:
         pass  # validated by from_table with the spec's path in every message (`_validate`)
-
-    def to_table(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
     @classmethod
     def from_table(cls, table: Mapping[str, Any], path: str) -> TrainConfig:
@@ -78,11 +171,38 @@ class TrainConfig(GgpoConfig):
         for key, value in table.items():
             if key not in known:
                 raise SpecError(path, f"train.{key}", f"unknown key (known: {', '.join(sorted(known))})")
-            default = known[key].default
-            values[key] = _coerce(value, default, path, key)
+            if key == "model":
+                values[key] = ModelConfig.from_table(value, path)
+            elif key == "data":
+                values[key] = DataConfig.from_table(value, path)
+            else:
+                values[key] = _coerce(value, known[key].default, path, key)
+        if "model" in values:
+            for key in BUILTIN_MODEL_KEYS:
+                if key in values:
+                    raise SpecError(path, f"train.{key}", "shapes the built-in model only; with [train.model] the "
+                                    "checkpoint's config decides")
+            if values.get("precision", "auto") != "auto":
+                raise SpecError(path, "train.precision", "with [train.model] the precision is train.model.dtype")
         cfg = cls(**values)
         cfg._validate(path)
         return cfg
+
+    def to_table(self) -> dict[str, Any]:
+        """The `[train]` table this config reads back from (sub-tables only when set)."""
+        table = dataclasses.asdict(self)
+        for key in ("model", "data"):
+            if table[key] is None:
+                del table[key]
+        if self.model is not None:
+            for key in BUILTIN_MODEL_KEYS:
+                del table[key]
+        return table
+
+    @property
+    def max_model_len(self) -> int:
+        """Tokens one trajectory may hold: train.model.max_model_len, or the built-in model's n_positions."""
+        return self.model.max_model_len if self.model is not None else self.n_positions
 
     def _validate(self, path: str) -> None:
         def bad(key: str, problem: str) -> None:
@@ -95,7 +215,7 @@ class TrainConfig(GgpoConfig):
                     "eval_samples", "synthetic_entities", "synthetic_eval_items"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "eval_size", "eval_temperature"):
+        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "micro_batch_rows", "eval_size", "eval_temperature"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
         if self.eval_temperature == 0 and self.eval_samples != 1:
@@ -119,20 +239,17 @@ class TrainConfig(GgpoConfig):
             bad("rollout", f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {self.rollout!r}")
         if self.precision not in PRECISIONS:
             bad("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
-        if self.task not in TASKS:
-            bad("task", f"must be one of {', '.join(TASKS)}, got {self.task!r}")
-        if self.task == "jsonl":
-            for key in ("train_path", "eval_path", "corpus_path"):
-                if not getattr(self, key):
-                    bad(key, "is required when task = \"jsonl\"")
-        # Prompt + turns of generation + retrieved passages must fit the model's context.
-        need = 96 + self.max_turns * (self.max_new_tokens + self.retrieval_top_k * (self.passage_max_bytes + 2))
-        if need > self.n_positions:
-            bad("n_positions", f"{self.n_positions} is too small for max_turns/max_new_tokens/retrieval (needs ~{need})")
+        if self.model is None:
+            # Prompt + turns of generation + retrieved passages must fit the built-in model's context.
+            # (With [train.model], preflight measures the prompts with the checkpoint's tokenizer.)
+            need = 96 + self.max_turns * (self.max_new_tokens + self.retrieval_top_k * (self.passage_max_bytes + 2))
+            if need > self.n_positions:
+                bad("n_positions",
+                    f"{self.n_positions} is too small for max_turns/max_new_tokens/retrieval (needs ~{need})")
 
 
 def _coerce(value: Any, default: Any, path: str, key: str) -> Any:
-    kind = type(default)
+    kind = type(default) if default is not dataclasses.MISSING else str
     if kind is bool:
         if not isinstance(value, bool):
             raise SpecError(path, f"train.{key}", f"must be true or false, got {value!r}")

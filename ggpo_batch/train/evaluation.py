@@ -81,15 +81,15 @@ def _roll_out(trainer: Trainer, items: list[Item], samples: int, temperature: fl
     """This rank's rows: `samples` episodes per item through the trainer's backend, retriever and
     episode code (the one place this module follows how the trainer rolls out)."""
     from .environment import run_episodes, start
-    from .task import render
-    from .tokenizer import encode
 
     cfg = trainer.cfg
-    trajs = [start(it, EVAL_TEMPLATE, encode(render(EVAL_TEMPLATE, it))) for it in items for _ in range(samples)]
+    # The policy's own prompt (the byte vocabulary, or a checkpoint's chat template) and protocol.
+    trajs = [start(it, EVAL_TEMPLATE, trainer.codec.prompt(EVAL_TEMPLATE, it)) for it in items for _ in range(samples)]
     trainer.backend.wake()
     run_episodes(trajs, trainer.backend, trainer.retriever, max_turns=cfg.max_turns,
                  max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.retrieval_top_k,
-                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed + 17 + trainer.rank)
+                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed + 17 + trainer.rank,
+                 codec=trainer.codec)
     rows = []
     for i, it in enumerate(items):
         mine = trajs[i * samples:(i + 1) * samples]

@@ -12,6 +12,7 @@ submitit, the job then exits with `Preempted` and a rerun of the same command re
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -128,7 +129,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
                     trainer.save(ckpt)
                 if int(flag) and not done:
                     raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
-            weights = trainer.export(Path(self.output + ".policy.safetensors"))
+            weights, policy_sha256 = trainer.export(policy_dir(output))
             digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
             rank_digests: list[str | None] = [None] * world
             dist.all_gather_object(rank_digests, digest)  # the ranks must hold the same policy
@@ -158,7 +159,12 @@ class TrainingJob(submitit.helpers.Checkpointable):
                            "audit": audit.details(),
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
                            "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
-                           "rank_policy_sha256": rank_digests}
+                           "rank_policy_sha256": rank_digests,
+                           # The trained policy as a Hugging Face directory (from_pretrained loads it).
+                           "policy_dir": str(policy_dir(output)), "policy_sha256": policy_sha256,
+                           "model": {"path": cfg.model.path, "resolved": str(trainer.model_dir),
+                                     "dtype": cfg.model.dtype} if cfg.model is not None else "builtin-byte-gpt2",
+                           "data": dataclasses.asdict(cfg.data) if cfg.data is not None else "generated"}
                 output.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(details_of(output), details)
                 write_json_atomic(output, record)
@@ -167,6 +173,11 @@ class TrainingJob(submitit.helpers.Checkpointable):
             trainer.close()
             dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
             dist.destroy_process_group()
+
+
+def policy_dir(record: Path) -> Path:
+    """Where a run exports its trained policy: a Hugging Face directory beside its record."""
+    return Path(str(record) + ".policy")
 
 
 def run_with_budget(spec: RunSpec, budget_seconds: float | None) -> RunSpec:

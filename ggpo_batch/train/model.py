@@ -1,14 +1,19 @@
-"""The policy network: a GPT-2 built from config over the byte vocabulary (no download)."""
+"""The policy network: a pretrained checkpoint (`[train.model]`, through `hf`) or the built-in GPT-2
+built from config over the byte vocabulary (no download)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from .codec import ByteCodec, Codec
 from .config import TrainConfig
 from .tokenizer import EOS, VOCAB_SIZE
+
+BYTE_CODEC = ByteCodec()
 
 
 def model_config(cfg: TrainConfig) -> GPT2Config:
@@ -21,11 +26,23 @@ def model_config(cfg: TrainConfig) -> GPT2Config:
 
 
 def build_model(cfg: TrainConfig, seed: int) -> GPT2LMHeadModel:
-    """The initial policy; every rank builds the identical one from the same seed."""
+    """The built-in initial policy; every rank builds the identical one from the same seed."""
     torch.manual_seed(seed)
     model = GPT2LMHeadModel(model_config(cfg))
     model.eval()
     return model
+
+
+def initial_policy(cfg: TrainConfig, seed: int, model_dir: Path | None = None) -> torch.nn.Module:
+    """The policy a run starts from: the checkpoint of `[train.model]` (resolved to `model_dir`), else
+    the built-in GPT-2 from `seed`."""
+    if cfg.model is None:
+        return build_model(cfg, seed)
+    from .hf import load_model, resolve
+
+    return load_model(model_dir or resolve(cfg.model.path), dtype=cfg.model.dtype,
+                      attn_implementation=cfg.model.attn_implementation,
+                      gradient_checkpointing=cfg.model.gradient_checkpointing)
 
 
 def named_full_parameters(module: torch.nn.Module, zero_stage: int) -> Iterator[tuple[str, torch.Tensor]]:
@@ -46,15 +63,16 @@ def full_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch
 
 
 def logprobs_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                temperature: float) -> torch.Tensor:
+                temperature: float, codec: Codec | None = None) -> torch.Tensor:
     """Log-probs [B, T-1] of input_ids[:, 1:] under `model` (right-padded batch)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask)
-    return policy_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return policy_token_logprobs(out.logits[:, :-1], input_ids[:, 1:], temperature, codec)
 
 
-def policy_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Log-probs of targets under the policy's sampling distribution (tempered, env-only tokens removed)."""
+def policy_token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                          codec: Codec | None = None) -> torch.Tensor:
+    """Log-probs of targets under the policy's sampling distribution (tempered, env-only tokens removed);
+    `codec` None is the byte vocabulary's."""
     from .ggpo import token_logprobs
-    from .tokenizer import policy_logits
 
-    return token_logprobs(policy_logits(logits) / temperature, targets)
+    return token_logprobs((codec or BYTE_CODEC).policy_logits(logits) / temperature, targets)

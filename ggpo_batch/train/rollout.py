@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .tokenizer import EOS, STOP_TOKENS, policy_logits
+from .codec import ByteCodec, Codec
 
 
 @dataclass(frozen=True)
@@ -27,9 +27,10 @@ class RolloutBackend(abc.ABC):
     """Samples continuations from the behaviour copy of the policy."""
 
     @abc.abstractmethod
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:
-        """One continuation per prompt, stopping at EOS or SEARCH or after max_new_tokens."""
+        """One continuation per prompt, ending where the codec ends a turn (a stop token, a stop string)
+        or after max_new_tokens (one limit for all, or one per prompt)."""
 
     @abc.abstractmethod
     def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -48,8 +49,9 @@ class RolloutBackend(abc.ABC):
 class TorchSampler(RolloutBackend):
     """A hand-written batched sampler over an HF causal LM with a KV cache (left-padded prompts)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, codec: Codec | None = None) -> None:
         self.model = model.eval()
+        self.codec = codec or ByteCodec()
 
     def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
         own = dict(self.model.named_parameters())
@@ -58,14 +60,16 @@ class TorchSampler(RolloutBackend):
                 own[name].copy_(tensor.to(own[name].dtype))
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:
         if not prompts:
             return []
+        codec = self.codec
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         device = next(self.model.parameters()).device
         gen = torch.Generator(device=device).manual_seed(seed)
         width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), EOS, dtype=torch.long, device=device)
+        ids = torch.full((len(prompts), width), codec.pad_id, dtype=torch.long, device=device)
         attn = torch.zeros_like(ids)
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
@@ -73,18 +77,23 @@ class TorchSampler(RolloutBackend):
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
         past, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1] + 1
-        stop = torch.tensor(sorted(STOP_TOKENS), device=device)
-        done = torch.zeros(len(prompts), dtype=torch.bool, device=device)
+        stop = torch.tensor(sorted(codec.stop_ids), device=device)
+        done = torch.tensor([n < 1 for n in limits], dtype=torch.bool, device=device)
         toks: list[list[int]] = [[] for _ in prompts]
         lps: list[list[float]] = [[] for _ in prompts]
-        for _ in range(max_new_tokens):
-            logp = torch.log_softmax(policy_logits(logits) / temperature, dim=-1)
+        for _ in range(max(limits)):
+            if bool(done.all()):
+                break
+            logp = torch.log_softmax(codec.policy_logits(logits) / temperature, dim=-1)
             tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
+            done_now = done | torch.isin(tok, stop)
             for i in torch.nonzero(~done).flatten().tolist():
                 toks[i].append(int(tok[i]))
                 lps[i].append(float(lp[i]))
-            done |= torch.isin(tok, stop)
+                if len(toks[i]) >= limits[i] or (codec.stop_strings and codec.turn_ended(toks[i])):
+                    done_now[i] = True
+            done = done_now
             if bool(done.all()):
                 break
             attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)

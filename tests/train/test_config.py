@@ -10,7 +10,7 @@ from ggpo_batch.train.config import TrainConfig
 def test_empty_table_is_the_tiny_cpu_setup():
     cfg = TrainConfig.from_table({}, "jobs/x.toml")
     assert cfg == TrainConfig()
-    assert (cfg.zero_stage, cfg.rollout, cfg.task) == (2, "torch", "synthetic")
+    assert (cfg.zero_stage, cfg.rollout, cfg.model, cfg.data) == (2, "torch", None, None)
 
 
 def test_values_are_parsed_and_ints_widen_to_floats():
@@ -25,7 +25,17 @@ def test_values_are_parsed_and_ints_widen_to_floats():
     ({"lr": "fast"}, "train.lr", "number"),
     ({"max_turns": True}, "train.max_turns", "integer"),
     ({"bogus": 1}, "train.bogus", "unknown key"),
-    ({"task": "jsonl"}, "train.train_path", "required"),
+    ({"model": {}}, "train.model.path", "required"),
+    ({"model": "m"}, "train.model", "must be a table"),
+    ({"model": {"path": "m", "dtype": "fp8"}}, "train.model.dtype", "bfloat16, float16, float32"),
+    ({"model": {"path": "m", "gradient_checkpointing": 1}}, "train.model.gradient_checkpointing", "true or false"),
+    ({"model": {"path": "m", "attn_implementation": "magic"}}, "train.model.attn_implementation", "sdpa"),
+    ({"model": {"path": "m", "max_model_len": 4}}, "train.model.max_model_len", "16.."),
+    ({"model": {"path": "m", "revision": "main"}}, "train.model.revision", "unknown key"),
+    ({"model": {"path": "m"}, "n_layer": 4}, "train.n_layer", "built-in model only"),
+    ({"model": {"path": "m"}, "precision": "bf16"}, "train.precision", "train.model.dtype"),
+    ({"data": {"train": "t.jsonl", "eval": "e.jsonl"}}, "train.data.passages", "required"),
+    ({"data": {"train": "t", "eval": "e", "passages": "p", "dev": "d"}}, "train.data.dev", "unknown key"),
     ({"max_new_tokens": 400}, "train.n_positions", "too small"),
 ])
 def test_bad_input_names_file_and_field(table, field, words):
@@ -42,3 +52,42 @@ def test_config_imports_without_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "2"
+
+
+def test_model_and_data_tables_parse_and_round_trip():
+    table = {"model": {"path": "/m", "dtype": "float32", "gradient_checkpointing": True, "max_model_len": 2048},
+             "data": {"train": "/d/t.jsonl", "eval": "/d/e.jsonl", "passages": "/d/p.jsonl"}}
+    cfg = TrainConfig.from_table(table, "j.toml")
+    assert (cfg.model.path, cfg.model.dtype, cfg.model.attn_implementation, cfg.max_model_len) == (
+        "/m", "float32", "sdpa", 2048)
+    assert TrainConfig.from_table(cfg.to_table(), "j.toml") == cfg
+    assert "model" not in TrainConfig().to_table()  # the built-in model's table has no [train.model]
+
+
+def test_spec_paths_are_taken_from_the_spec_folder(tmp_path):
+    from ggpo_batch.spec import load_spec
+
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    spec = tmp_path / "jobs" / "x.toml"
+    spec.parent.mkdir()
+    spec.write_text("""
+[experiment]
+name = "x"
+method = "ggpo"
+seeds = [1]
+[train.model]
+path = "../models/m"
+[train.data]
+train = "../data/train.jsonl"
+eval = "~/e.jsonl"
+passages = "/abs/p.jsonl"
+[arms.clean]
+""")
+    train = load_spec(spec).train
+    assert train["model"]["path"] == str(tmp_path / "models" / "m")
+    assert train["data"]["train"] == str(tmp_path / "data" / "train.jsonl")
+    assert train["data"]["eval"].endswith("/e.jsonl") and not train["data"]["eval"].startswith("~")
+    assert train["data"]["passages"] == "/abs/p.jsonl"
+    # A hub id that is no folder next to the spec stays a hub id (resolved from the local HF cache).
+    spec.write_text(spec.read_text().replace("../models/m", "Qwen/Qwen3-1.7B"))
+    assert load_spec(spec).train["model"]["path"] == "Qwen/Qwen3-1.7B"

@@ -15,7 +15,7 @@ pytest.importorskip("deepspeed")
 
 from ggpo_batch.run_record import check_run_record, entry_key
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.job import Preempted
+from ggpo_batch.train.job import Preempted, policy_dir
 from ggpo_batch.train.launch import train_local
 from ggpo_batch.train.model import build_model
 
@@ -93,7 +93,7 @@ def test_training_changes_parameters_and_ranks_agree(zero2_runs):
     out, rec, details = zero2_runs["paired_answer"]
     assert rec["training"]["counts"]["nonzero_advantage_tokens"] > 0
     assert len(set(details["rank_policy_sha256"])) == 1 and len(details["rank_policy_sha256"]) == 2
-    final = load_file(str(out) + ".policy.safetensors")
+    final = load_file(policy_dir(out) / "model.safetensors")
     initial = dict(build_model(TrainConfig(), rec["seed"]).named_parameters())
     assert all(bool(torch.isfinite(v).all()) for v in final.values())
     delta = sum(float((final[k] - initial[k].detach()).norm()) for k in final)
@@ -114,7 +114,7 @@ def test_zero3_trains_and_ranks_agree(tmp_path_factory, spec_for, seed_records):
 def load_policy(_, out):
     from safetensors.torch import load_file
 
-    return load_file(str(out) + ".policy.safetensors")
+    return load_file(policy_dir(out) / "model.safetensors")
 
 
 @pytest.mark.slow

@@ -1,0 +1,63 @@
+"""The real-model path's fixtures: a tiny Qwen2-architecture checkpoint with a BPE tokenizer trained on
+the project's generated QA text and a ChatML chat template, and a multi-hop QA set in the
+`[train.data]` format, both built offline once per session (ggpo_batch/train/tiny_hf.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+from ggpo_batch.runspec import ArmSpec, RunSpec
+from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+
+TEMPLATES = ("train_direct", "train_role")
+ARMS = {
+    "clean": ArmSpec("clean"),
+    "paired": ArmSpec("paired", "paired", 4, TEMPLATES),
+    "random_matched": ArmSpec("random_matched", "random", 4, TEMPLATES),
+    "paired_answer": ArmSpec("paired_answer", "paired", 4, TEMPLATES, True),
+    "random_answer": ArmSpec("random_answer", "random", 4, TEMPLATES, True),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face checkpoint directory: config, model.safetensors, tokenizer files, chat template."""
+    return build_checkpoint(tmp_path_factory.mktemp("tiny-hf") / "model")
+
+
+@pytest.fixture(scope="session")
+def qa_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """train.jsonl (200 items), eval.jsonl (200), passages.jsonl (1,200): two-hop questions."""
+    return build_qa_set(tmp_path_factory.mktemp("qa"))
+
+
+def train_table(model: Path, data: dict[str, Path], **train: object) -> dict:
+    """A `[train]` table naming the tiny checkpoint (float32 on the CPU) and the QA files."""
+    table = {"model": {"path": str(model), "dtype": "float32", "max_model_len": 1024},
+             "data": {k: str(v) for k, v in data.items()},
+             "max_new_tokens": 16, "max_turns": 3, "passage_max_bytes": 96, "eval_size": 8}
+    table.update(train)
+    return table
+
+
+@pytest.fixture(scope="session")
+def hf_table(tiny_hf: Path, qa_files: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """hf_table(**train) -> the `[train]` table of the tiny checkpoint and QA set."""
+    return lambda **train: train_table(tiny_hf, qa_files, **train)
+
+
+@pytest.fixture(scope="session")
+def hf_spec(tiny_hf: Path, qa_files: dict[str, Path]):  # type: ignore[no-untyped-def]
+    """hf_spec(arm, budget=..., **train) -> a RunSpec training the tiny checkpoint on the QA set."""
+
+    def make(arm: str, *, seed: int = 7, budget: float = 1.5, **train: object) -> RunSpec:
+        return RunSpec(run_key=f"{seed}/{arm}", experiment="hf-test", experiment_version=1, method="ggpo",
+                       arm=ARMS[arm], seed=seed, gpus=4, loop_budget_seconds=budget, executor="local",
+                       profile="default", train=train_table(tiny_hf, qa_files, **train))
+
+    return make
