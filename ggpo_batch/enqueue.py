@@ -1,4 +1,4 @@
-"""Enqueue: spec -> cost guard -> ledger (runs queued) -> RQ jobs. Idempotent on the spec hash.
+"""Enqueue: spec -> preflight -> cost guard -> ledger (runs queued) -> RQ jobs. Idempotent on the spec hash.
 
 The ledger is written before Redis: a crash in between leaves runs queued in the ledger with no
 job, which `reconcile` puts back on the queue. Nothing is queued over a cost cap unless the
@@ -13,7 +13,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import costguard
+from . import costguard, preflight
 from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger, NewRun
@@ -38,6 +38,7 @@ class EnqueueResult:
     # Runs already queued in the ledger that Redis did not hold (an earlier enqueue that failed on
     # Redis, a Redis restart), put back on the queue by this enqueue.
     restored: int = 0
+    preflight: preflight.Report | None = None  # what preflight checked and measured
 
 
 def new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
@@ -57,6 +58,8 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
                  new_version: bool = False, accept_cost_reason: str | None = None,
                  actor: str) -> EnqueueResult:
     """Put the spec's runs (or a subset) on the queue; see the module docstring."""
+    # What would fail on the allocation fails here, before the ledger or the queue is touched.
+    report = preflight.require(spec, arms=list(arms) if arms else None)
     queue_name = queue or settings.queue_for(spec.queue)
     # Check and write under one lock: two enqueues that each fit a cap must not both pass it.
     with ledger.exclusive("enqueue") if not dry_run else nullcontext():
@@ -79,7 +82,8 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
         if not dry_run:
             fault_pause(settings, "after_cost_check")
-        res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap)
+        res = EnqueueResult(spec.name, version, queue_name, runs, [r.run_key for r in todo], 0, dry_run, est, cap,
+                            preflight=report)
         if dry_run or not (todo or decided):
             if same and not dry_run and latest is not None:
                 res.restored = restore_stranded(ledger, settings, latest, [r.run_key for r in runs])

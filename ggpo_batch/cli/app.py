@@ -70,7 +70,9 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except GgpoError as exc:
-            click.echo(f"error: {redact(_line(exc.message))}", err=True)
+            # One line per problem: most errors have one; preflight lists every problem it found.
+            for line in getattr(exc, "lines", None) or [exc.message]:
+                click.echo(f"error: {redact(_line(line))}", err=True)
             ctx.exit(exc.exit_code)
         except UsageLine:
             raise

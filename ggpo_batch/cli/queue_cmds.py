@@ -21,6 +21,22 @@ def _seeds(value: str | None) -> list[int] | None:
         raise click.BadParameter(f"{value!r}: seeds are integers, comma-separated", param_hint="--seeds") from None
 
 
+def _facts(facts: dict) -> str:
+    """Preflight's measured figures, one short parenthesis (empty when there are none)."""
+    shown = []
+    if "parameters" in facts:
+        shown.append(f"{facts['parameters']:,} parameters")
+    if "eval_items" in facts:
+        shown.append(f"{facts['train_items']} train / {facts['eval_items']} eval items, {facts['passages']} passages")
+    if "longest_prompt_tokens" in facts:
+        shown.append(f"longest prompt {facts['longest_prompt_tokens']} tokens, an episode at most "
+                     f"{facts['episode_tokens_at_most']} of {facts['max_model_len']}")
+    mem = facts.get("gpu_memory_estimate_gib")
+    if mem:
+        shown.append(f"~{mem['total']:g} GiB per GPU of {facts['gpu_memory_gib']:g}")
+    return f" ({'; '.join(shown)})" if shown else ""
+
+
 @cli.command()
 @click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=str))
 @click.option("--arms", help="Only these arms (comma-separated).")
@@ -36,8 +52,10 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
             new_version: bool, accept_cost: bool, reason: str | None, as_json: bool) -> None:
     """Expand SPEC (jobs/*.toml) into arm x seed runs, record them in the ledger and queue them.
 
-    Enqueueing the same spec again adds nothing. A changed spec under the same experiment name is
-    refused with a diff unless --new-version. Over a GPU-hour cap nothing is queued and the
+    Preflight first: what would fail on the allocation (the model directory and tokenizer, the data
+    files and their sizes against the arms, prompts against max_model_len, GPU memory) is refused
+    here, one line per problem, exit 2, nothing written. Enqueueing the same spec again adds nothing.
+    A changed spec under the same experiment name is refused with a diff unless --new-version. Over a GPU-hour cap nothing is queued and the
     decision is recorded (exit code 3) unless --accept-cost --reason TEXT.
     """
     from ..enqueue import enqueue_spec
@@ -59,7 +77,8 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                    "enqueued": res.enqueued, "restored": res.restored,
                    "estimated_gpu_hours": res.estimate.total_gpu_hours if res.estimate else None,
                    "cost_basis": res.estimate.cost_basis if res.estimate else None,
-                   "within_caps": res.cap.ok if res.cap else None})
+                   "within_caps": res.cap.ok if res.cap else None,
+                   "preflight": res.preflight.facts if res.preflight else None})
         return
     from ..costguard import describe
 
@@ -69,6 +88,8 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
     elif res.estimate:
         click.echo(f"estimated total: {res.estimate.total_gpu_hours:.2f} GPU-h for {len(res.estimate.runs)} runs "
                    f"({res.estimate.cost_basis})")
+    if res.preflight is not None:
+        click.echo(f"preflight: ok{_facts(res.preflight.facts)}")
     if res.dry_run:
         click.echo("dry run: nothing written")
     else:

@@ -35,11 +35,14 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
     """
     import dataclasses
 
+    from ..preflight import require
     from ..spec import load_spec
 
     spec = load_spec(spec_file)
     if seed not in spec.seeds:
         raise click.BadParameter(f"{seed} is not a seed of {spec_file} ({list(spec.seeds)})", param_hint="--seed")
+    # The executor this command uses decides the ranks and whether there are GPUs to check.
+    require(dataclasses.replace(spec, executor=executor), arms=[arm])
     run = spec.run_spec(spec.arm(arm), seed, version=0)
     if budget_seconds is not None:
         run = dataclasses.replace(run, loop_budget_seconds=float(budget_seconds))

@@ -42,6 +42,7 @@ class SlurmProfile:
     tasks_per_node: int = 1
     cpus_per_task: int | None = None
     mem_gb: float | None = None
+    gpu_memory_gib: float | None = None  # memory of one GPU; preflight checks that the model fits in it
     time_limit_min: int = 60
     signal_delay_s: int = 90  # USR2 this long before the time limit: the job's checkpoint window
     setup: tuple[str, ...] = ()  # shell lines run in the batch script before srun (module load ...)
@@ -128,6 +129,8 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
             kw[key] = _check(path, key, data[key], int, minimum=minimum)
     if "mem_gb" in data:
         kw["mem_gb"] = float(_check(path, "mem_gb", data["mem_gb"], (int, float), minimum=0))
+    if "gpu_memory_gib" in data:
+        kw["gpu_memory_gib"] = float(_check(path, "gpu_memory_gib", data["gpu_memory_gib"], (int, float), minimum=1))
     if "use_srun" in data:
         kw["use_srun"] = _check(path, "use_srun", data["use_srun"], bool)
     for key in ("setup", "extra_sbatch"):
