@@ -57,7 +57,7 @@ _DEFERRED_SUFFIX = re.compile(r"-deferred[0-9]+$")
 
 def run_key_of_id(job_id: str) -> str:
     """The run key of an RQ job id: the id itself, or `<run key>-deferred<n>` for a deferral."""
-    return _DEFERRED_SUFFIX.sub("", job_id)
+    return _DEFERRED_SUFFIX.sub("", job_id) if "-deferred" in job_id else job_id
 
 
 class RunQueue:

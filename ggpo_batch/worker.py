@@ -70,12 +70,12 @@ def execute_run(run_key: str) -> dict[str, Any]:
 
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
     """Submit the next attempt of `run_key`, unless the ledger says it is not ours to submit."""
-    run = ledger.get_run(run_key)
-    if run.state != "queued":
-        log.info("run %s is %s: nothing to submit", run_key, run.state)
-        return {"run_key": run_key, "skipped": run.state}
-    spec = RunSpec.from_dict(run.run_spec)
-    queue_name = settings.queue_for(run.experiment.queue)
+    state, run_spec, experiment_queue = ledger.submission_view(run_key)
+    if state != "queued":
+        log.info("run %s is %s: nothing to submit", run_key, state)
+        return {"run_key": run_key, "skipped": state}
+    spec = RunSpec.from_dict(run_spec)
+    queue_name = settings.queue_for(experiment_queue)
     inline = settings.inline_queue
     quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
     try:
@@ -188,7 +188,7 @@ def _warm(ledger: Ledger) -> None:
     with ledger.rehearsal() as twin:
         twin.create_experiment(name=key, version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
                                actor=key, runs=[NewRun(run_key=key, arm="a", seed=0, config_hash="-", run_spec={})])
-        twin.get_run(key)
+        twin.submission_view(key)
         att = twin.begin_attempt(key, executor="debug", gpus=1, actor=key, worker=key)
         twin.attempt_state(key, att.number)
         twin.mark_submitted(key, att.number, job_id="0", actor=key)

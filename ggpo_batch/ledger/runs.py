@@ -134,6 +134,18 @@ class RunTransitions(LedgerCore):
                 raise LedgerError(f"no run {run_key!r} in the ledger")
             return run
 
+    def submission_view(self, run_key: str) -> tuple[str, dict[str, Any], str | None]:
+        """(state, run spec, experiment's queue) of a run: what a worker needs to decide whether and
+        how to submit it, in one Core query (no attempts, no ORM objects)."""
+        runs, exps = Run.__table__.c, Experiment.__table__.c
+        with self.session() as s:
+            row = s.connection().execute(select(runs.state, runs.run_spec, exps.queue)
+                                         .join_from(Run.__table__, Experiment.__table__, exps.id == runs.experiment_id)
+                                         .where(runs.run_key == run_key)).one_or_none()
+        if row is None:
+            raise LedgerError(f"no run {run_key!r} in the ledger")
+        return row[0], row[1], row[2]
+
     def experiments(self, name: str | None = None) -> list[Experiment]:
         with self.session() as s:
             q = select(Experiment).order_by(Experiment.name, Experiment.version)
@@ -165,7 +177,10 @@ class RunTransitions(LedgerCore):
                 return set()
             busy = set(s.scalars(select(Run.run_key).join(Attempt, Attempt.run_id == Run.id)
                                  .where(Attempt.state == "submitting")))
-            return set(s.scalars(select(Run.run_key).where(Run.state == "queued", Run.experiment_id.in_(exps)))) - busy
+            runs = Run.__table__.c  # Core rows, not ORM entities: 100,000 keys in a fraction of the time
+            keys = s.connection().execute(select(runs.run_key).where(runs.state == "queued",
+                                                                     runs.experiment_id.in_(exps))).scalars()
+            return set(keys) - busy
 
     def queued_executors(self, queues: Iterable[str], *, default_queue: str) -> set[str]:
         """The executors named by the runs queued on these queues."""
