@@ -190,16 +190,21 @@ def _stepds(job_id: str) -> list[int]:
     return pids
 
 
+# slurmd's terminate-job handler looks for the job's steps once a second and only then forgets the
+# job; until it has, a launch of the requeued job is refused as a duplicate job id and drains the node
+SLURMD_FORGETS_S = 3
+
+
 def _node_down_then_back(job_id: str) -> None:
-    """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job's
-    step and its step daemons have exited (submitit's payload ignores SIGTERM until KillWait's
-    SIGKILL; a requeued job launched while a slurmstepd of the old run lingers, even one that has
-    logged "done with job", is refused as a duplicate job id and drains the node)."""
+    """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job:
+    its step finished (submitit's payload ignores SIGTERM until KillWait's SIGKILL), its step daemons
+    exited (one lingers after logging "done with job"), and SLURMD_FORGETS_S gone by."""
     before = _steps_done(job_id)
     try:
         run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
         wait_until(lambda: _steps_done(job_id) > before, 30, f"slurmd done with job {job_id}'s step")
         wait_until(lambda: not _stepds(job_id), 30, f"the step daemons of job {job_id} gone")
+        time.sleep(SLURMD_FORGETS_S)
     finally:
         def back() -> bool:
             if _node_state() in ("idle", "mixed", "allocated"):
