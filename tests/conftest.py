@@ -162,7 +162,7 @@ def worker_env(settings, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-un
 
 
 @pytest.fixture(scope="session")
-def dev_cluster() -> None:
+def dev_cluster_up() -> None:
     """Start (or reuse) the dev Slurm once per session; skip only if Slurm cannot be installed."""
     if os.geteuid() != 0:
         pytest.skip("the dev Slurm needs root (slurm/dev-cluster/up.sh)")
@@ -173,6 +173,17 @@ def dev_cluster() -> None:
         if "apt-get install" in proc.stderr and shutil.which("slurmctld") is None:
             pytest.skip(f"Slurm cannot be installed here: {proc.stderr.strip()[-300:]}")
         pytest.fail(f"slurm/dev-cluster/up.sh failed:\n{proc.stdout}\n{proc.stderr}")
+
+
+@pytest.fixture
+def dev_cluster(dev_cluster_up: None) -> None:
+    """The dev Slurm, with its node able to take jobs. A node an earlier test left drained or down
+    fails the test at once, saying so, instead of after minutes of waiting for an allocation."""
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T %E"], capture_output=True, text=True, check=False).stdout
+    unusable = [line for line in out.splitlines() if any(s in line.split()[1] for s in ("drain", "down", "fail"))]
+    if unusable:
+        pytest.fail(f"dev Slurm node not usable: {unusable} (after a look at the cause: "
+                    "scontrol update nodename=<node> state=resume)", pytrace=False)
 
 
 @pytest.fixture
