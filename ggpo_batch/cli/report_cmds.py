@@ -64,7 +64,8 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
     paired by seed on the same items, with intervals; steps, loop time, GPU-hours, overshoot,
     tokens and exposure. Comparability warnings come first. Two experiments (or NAME@1 NAME@2):
     side by side."""
-    from ..reporting.report import compare_reports, experiment_report
+    from ..reporting.compare import compare_reports
+    from ..reporting.report import experiment_report
 
     if as_json and fmt not in (None, "json"):
         raise click.UsageError("--json and --format say the same thing: give one")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..outcome import OUTCOME_METRICS
-from . import report as rp
+from .compare import COMPARED_METRICS
+from .fairness import LOOP_TIME_TOLERANCE, OVERSHOOT_TOLERANCE
 from . import stats
 from .plots import fmt
 
@@ -126,7 +127,7 @@ def compare_tables(c: Mapping[str, Any]) -> list[Table]:
     t = Table(f"{la} (A) vs {lb} (B), per arm: mean [95 % interval]; B - A with Welch's t interval (runs not paired)",
               ["arm", "figure", "A", "B", "B - A"])
     for arm, row in c["arms"].items():
-        for m in rp.COMPARED_METRICS:
+        for m in COMPARED_METRICS:
             x = row[m]
             if x["a"]["n"] == 0 and x["b"]["n"] == 0:
                 continue
@@ -176,8 +177,8 @@ def method_lines() -> list[str]:
          f"none for one value. Two experiments: Welch's t interval (independent runs)."),
         ("Paired differences: arm minus baseline for the same seed, each averaged over the same held-out items "
          "(for 'exposed', the items the arm's run actually trained on)."),
-        (f"Comparability warnings: loop budgets not equal; mean loop time more than {rp.LOOP_TIME_TOLERANCE:.0%} or "
-         f"mean overshoot more than {rp.OVERSHOOT_TOLERANCE * 100:g} points of the budget away from the baseline's; "
+        (f"Comparability warnings: loop budgets not equal; mean loop time more than {LOOP_TIME_TOLERANCE:.0%} or "
+         f"mean overshoot more than {OVERSHOOT_TOLERANCE * 100:g} points of the budget away from the baseline's; "
          f"any run short of its budget or exposure target, retried, or with a failed audit; executor, profile or GPU "
          f"count unlike the baseline's (the GPU model is not recorded); seeds without a pair; no baseline arm."),
     ]

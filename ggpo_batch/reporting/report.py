@@ -13,8 +13,8 @@ Outcomes (`ggpo_batch/outcome.py`: the evaluation's rewards, booked per run by s
 summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_method` says which:
 `stats.py`), and differenced against the baseline arm paired by seed, on the same items: an arm's
 reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
-what makes the arms not comparable (`comparability_warnings`, thresholds below); a report on a fair
-experiment has none.
+what makes the arms not comparable (`fairness.comparability_warnings`); a report on a fair
+experiment has none. `compare.compare_reports` puts two reports side by side.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from ..ledger.schema import Run
 from ..outcome import OUTCOME_METRICS, matched_difference
 from ..run_record import audit_failed, budget_reconciled
 from . import stats
+from .fairness import comparability_warnings, notes
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
@@ -41,11 +42,6 @@ EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advan
 # Per-seed metrics differenced against the baseline arm.
 PAIRED_METRICS = ("steps", "allocated_gpu_hours", "overshoot_fraction", "loop_seconds", "elapsed_seconds")
 
-# Comparability thresholds (README, "report"): beyond these, `warnings` says the arms differ.
-LOOP_TIME_TOLERANCE = 0.05  # an arm's mean loop time vs the baseline's, relative
-OVERSHOOT_TOLERANCE = 0.05  # an arm's mean overshoot fraction vs the baseline's, absolute (5 points of budget)
-BUDGET_TOLERANCE = 1e-9  # loop budgets must be equal (relative)
-# Retries, audit failures, missed budget or exposure targets and missing seeds: any one is a warning.
 
 
 def stat(values: Iterable[float]) -> dict[str, Any]:
@@ -247,7 +243,7 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "train": json.loads(next(iter(train))) if len(train) == 1 else None,
         "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
         if runs else [],
-        "notes": _notes(by_arm),
+        "notes": notes(by_arm),
         "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
         "paired_vs_baseline": _paired(by_arm, baseline) if has_baseline else {},
         "totals": {
@@ -262,201 +258,3 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         },
         "decisions": [decision_row(d) for d in mine],
     }
-
-
-# ---- comparability ------------------------------------------------------------------------------
-
-def _warning(kind: str, arms: Sequence[str], message: str) -> dict[str, Any]:
-    return {"kind": kind, "arms": sorted(arms), "message": message}
-
-
-def _mean(xs: Sequence[float]) -> float | None:
-    return math.fsum(xs) / len(xs) if xs else None
-
-
-def _seeds(seeds: Iterable[int]) -> str:
-    return ", ".join(str(s) for s in sorted(seeds))
-
-
-def comparability_warnings(by_arm: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str | None, *,
-                           requested: str = "clean") -> list[dict[str, Any]]:
-    """What makes these arms not comparable under an equal budget, each a {"kind", "arms", "message"}:
-    no baseline arm; loop budgets that differ; mean loop time or overshoot beyond LOOP_TIME_TOLERANCE /
-    OVERSHOOT_TOLERANCE of the baseline's; runs short of their loop budget or exposure target; runs
-    retried (more than one attempt); failed rollout audits; executor / profile / GPU count differing
-    from the baseline's; seeds missing from a pair (a run failed, is unfinished, or has no outcome)."""
-    out: list[dict[str, Any]] = []
-    arms = sorted(by_arm)
-    ok = {a: [r for r in by_arm[a] if "steps" in r] for a in arms}
-    if baseline is None:
-        out.append(_warning("no_baseline", [], f"no baseline arm {requested!r} (arms: {', '.join(arms)}): no paired "
-                                               f"differences; pass --baseline ARM"))
-    ref = baseline if baseline is not None else (arms[0] if arms else None)
-    # Loop budgets: the same for every arm, or nothing else is comparable.
-    budgets = {a: sorted({r["budget_seconds"] for r in by_arm[a] if r.get("budget_seconds") is not None}) for a in arms}
-    ref_budget = (budgets.get(ref) or [None])[0] if ref else None
-    for a in arms:
-        if len(budgets[a]) > 1:
-            out.append(_warning("budget_differs", [a], f"{a}: runs have different loop budgets "
-                                                       f"({', '.join(f'{b:g}' for b in budgets[a])} s)"))
-        elif ref_budget and budgets[a] and abs(budgets[a][0] - ref_budget) > BUDGET_TOLERANCE * ref_budget:
-            out.append(_warning("budget_differs", [a], f"{a}: loop budget {budgets[a][0]:g} s, {ref} "
-                                                       f"{ref_budget:g} s: the arms were not given the same budget"))
-    # Loop time reached and overshoot, arm mean vs the reference arm's.
-    if ref is not None and ok.get(ref):
-        ref_loop = _mean([r["loop_seconds"] for r in ok[ref] if r.get("loop_seconds") is not None])
-        ref_over = _mean([r["overshoot_fraction"] for r in ok[ref] if r.get("overshoot_fraction") is not None])
-        for a in arms:
-            if a == ref or not ok[a]:
-                continue
-            loop = _mean([r["loop_seconds"] for r in ok[a] if r.get("loop_seconds") is not None])
-            over = _mean([r["overshoot_fraction"] for r in ok[a] if r.get("overshoot_fraction") is not None])
-            if loop is not None and ref_loop and abs(loop - ref_loop) > LOOP_TIME_TOLERANCE * ref_loop:
-                out.append(_warning("loop_time_differs", [a], f"{a}: mean loop time {loop:.4g} s vs {ref} "
-                                    f"{ref_loop:.4g} s ({(loop / ref_loop - 1) * 100:+.1f} %, tolerance "
-                                    f"{LOOP_TIME_TOLERANCE * 100:g} %)"))
-            if over is not None and ref_over is not None and abs(over - ref_over) > OVERSHOOT_TOLERANCE:
-                out.append(_warning("overshoot_differs", [a], f"{a}: mean overshoot {over * 100:.1f} % of the budget "
-                                    f"vs {ref} {ref_over * 100:.1f} % (tolerance {OVERSHOOT_TOLERANCE * 100:g} "
-                                    f"points)"))
-    for a in arms:
-        short = [r for r in ok[a] if r.get("time_budget_reached") is False]
-        if short:
-            out.append(_warning("budget_not_reached", [a], f"{a}: {len(short)} run(s) stopped before the loop budget "
-                                                           f"(seeds {_seeds(r['seed'] for r in short)})"))
-        missed = [r for r in ok[a] if r.get("exposure_target_reached") is False]
-        if missed:
-            out.append(_warning("exposure_target_not_reached", [a],
-                                f"{a}: {len(missed)} run(s) short of the exposure target (seeds "
-                                f"{_seeds(r['seed'] for r in missed)}): not matched"))
-        retried = [r for r in by_arm[a] if r["attempts"] > 1]
-        if retried:
-            what = "; ".join(f"seed {r['seed']}: {r['attempts']} attempts ({', '.join(r['attempt_states'])})"
-                             for r in retried)
-            out.append(_warning("retried", [a], f"{a}: {len(retried)} run(s) retried ({what}); other runs took "
-                                                f"one attempt"))
-        bad = [r for r in by_arm[a] if r["audit_failed"]]
-        if bad:
-            out.append(_warning("audit_failed", [a], f"{a}: rollout audit failed for seeds "
-                                                     f"{_seeds(r['seed'] for r in bad)}: left out of every statistic"))
-    # Resources: executor, profile, GPUs per run (the GPU model is not in the ledger).
-    res = {a: sorted({r["resources"] for r in by_arm[a]}, key=str) for a in arms}
-    if ref is not None:
-        def fmt(rs: Sequence[tuple[str, str, int | None]]) -> str:
-            return "; ".join(f"{e}/{p}/{g} GPUs" for e, p, g in rs)
-
-        for a in arms:
-            if a != ref and res[a] != res[ref]:
-                out.append(_warning("resources_differ", [a], f"{a} ran on {fmt(res[a])}, {ref} on {fmt(res[ref])} "
-                                                             f"(executor/profile/GPUs)"))
-    # Seeds: every arm should have a comparable run (with an outcome) for the baseline's seeds.
-    if baseline is not None:
-        all_seeds = {r["seed"] for a in arms for r in by_arm[a]}
-        for a in arms:
-            have = {r["seed"] for r in ok[a]}
-            missing = all_seeds - have
-            if missing:
-                why = {r["seed"]: (r["state"] if r["state"] != "succeeded" else "audit failed" if r["audit_failed"]
-                                   else "no result") for r in by_arm[a] if r["seed"] in missing}
-                detail = ", ".join(f"{s} ({why.get(s, 'no run')})" for s in sorted(missing))
-                out.append(_warning("seeds_missing", [a], f"{a}: no comparable run for seed(s) {detail}: "
-                                                          f"{'every pair with it' if a == baseline else 'its pair with ' + baseline} "
-                                                          f"is missing"))
-        base_out = {r["seed"] for r in ok[baseline] if r.get("outcome")}
-        for a in arms:
-            if a == baseline:
-                continue
-            mine = {r["seed"] for r in ok[a] if r.get("outcome")}
-            if (mine or base_out) and mine != base_out:
-                lost = (mine ^ base_out) & {r["seed"] for r in ok[a]} & {r["seed"] for r in ok[baseline]}
-                if lost:
-                    out.append(_warning("seeds_missing", [a, baseline], f"{a} vs {baseline}: no outcome to pair "
-                                                                       f"for seed(s) {_seeds(lost)}"))
-    return out
-
-
-def _notes(by_arm: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[str]:
-    """What the reader should know that is not unfairness: runs without an evaluation outcome."""
-    ok = [r for rows in by_arm.values() for r in rows if "steps" in r]
-    none = [r for r in ok if not r.get("outcome")]
-    notes = []
-    if none:
-        notes.append(f"{len(none)} of {len(ok)} comparable runs have no evaluation outcome in the ledger (imported "
-                     f"runs, or jobs that wrote no evaluation): outcome statistics count only runs that have one")
-    return notes
-
-
-# ---- two reports side by side -------------------------------------------------------------------
-
-COMPARED_METRICS = (*OUTCOME_METRICS, "steps", "loop_seconds", "allocated_gpu_hours")
-
-
-def _label(rep: Mapping[str, Any]) -> str:
-    return f"{rep['experiment']} v{rep['version']}" if rep.get("version") is not None else str(rep["experiment"])
-
-
-def _per_seed_values(rep: Mapping[str, Any], arm: str, metric: str) -> list[float]:
-    seeds = rep["arms"].get(arm, {}).get("per_seed", {})
-    return [v[metric] for v in seeds.values() if v.get(metric) is not None]
-
-
-def _dict_diff(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
-    keys = sorted(set(a) | set(b))
-    return [f"{k}: {a.get(k, '(default)')!r} -> {b.get(k, '(default)')!r}" for k in keys if a.get(k) != b.get(k)]
-
-
-def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
-    """Two experiment reports (two experiments, or two versions of one) side by side: per arm and
-    metric each side's summary and B - A with Welch's t interval (the runs of two experiments are
-    independent: not paired, even where the seeds are the same numbers); each side's arm - baseline
-    differences; and `warnings`: what differs between the two setups, then each side's own."""
-    la, lb = _label(a), _label(b)
-    if la == lb:
-        la, lb = f"A: {la}", f"B: {lb}"
-    base = a.get("baseline") or b.get("baseline")
-    arms = sorted(set(a["arms"]) | set(b["arms"]), key=lambda x: (x != base, x))
-    out_arms: dict[str, Any] = {}
-    for arm in arms:
-        row: dict[str, Any] = {"in": [side for side, rep in (("a", a), ("b", b)) if arm in rep["arms"]]}
-        for m in COMPARED_METRICS:
-            va, vb = _per_seed_values(a, arm, m), _per_seed_values(b, arm, m)
-            row[m] = {"a": stats.summary(va), "b": stats.summary(vb), "b_minus_a": stats.welch(va, vb)}
-        out_arms[arm] = row
-    paired: dict[str, Any] = {}
-    for arm in sorted(set(a["paired_vs_baseline"]) | set(b["paired_vs_baseline"])):
-        pa, pb = a["paired_vs_baseline"].get(arm, {}), b["paired_vs_baseline"].get(arm, {})
-        row = {}
-        for m in (*OUTCOME_METRICS, "steps", "allocated_gpu_hours"):
-            da, db = pa.get(m), pb.get(m)
-            if da is None and db is None:
-                continue
-            row[m] = {"a": {k: v for k, v in (da or {}).items() if k != "per_seed"} or None,
-                      "b": {k: v for k, v in (db or {}).items() if k != "per_seed"} or None,
-                      "b_minus_a": stats.welch((da or {}).get("per_seed", {}).values(),
-                                               (db or {}).get("per_seed", {}).values())}
-        paired[arm] = row
-    warnings: list[dict[str, Any]] = []
-    for key, what in (("method", "method"), ("gpus", "GPUs per run"), ("baseline", "baseline arm")):
-        if a.get(key) != b.get(key):
-            warnings.append(_warning(f"{key}_differs", [], f"{what}: {la} {a.get(key)!r}, {lb} {b.get(key)!r}"))
-    budgets = {side: sorted({x["budget_seconds"]["mean"] for x in rep["arms"].values()
-                             if x.get("budget_seconds", {}).get("mean") is not None})
-               for side, rep in (("a", a), ("b", b))}
-    if budgets["a"] and budgets["b"] and budgets["a"] != budgets["b"]:
-        warnings.append(_warning("budget_differs", [], f"loop budget: {la} {budgets['a']} s, {lb} {budgets['b']} s"))
-    if a.get("train") is not None and b.get("train") is not None and a["train"] != b["train"]:
-        warnings.append(_warning("train_config_differs", [], "[train] differs: " + "; ".join(_dict_diff(a["train"],
-                                                                                                         b["train"]))))
-    only = {side: [x for x in arms if x not in rep["arms"]] for side, rep in (("a", b), ("b", a))}
-    for side, missing in only.items():
-        if missing:
-            warnings.append(_warning("arms_differ", missing, f"only in {la if side == 'a' else lb}: "
-                                                             f"{', '.join(missing)}"))
-    dec_a = sorted({d for x in a["arms"].values() for d in x.get("decoding", [])})
-    dec_b = sorted({d for x in b["arms"].values() for d in x.get("decoding", [])})
-    if dec_a and dec_b and dec_a != dec_b:
-        warnings.append(_warning("decoding_differs", [], f"evaluation decoding: {la} {dec_a}, {lb} {dec_b}"))
-    for lab, rep in ((la, a), (lb, b)):
-        warnings += [{**w, "message": f"{lab}: {w['message']}", "side": lab} for w in rep.get("warnings", [])]
-    return {"compare": [la, lb], "baseline": base, "arms": out_arms, "paired_vs_baseline": paired,
-            "warnings": warnings, "a": a, "b": b}
