@@ -1,4 +1,5 @@
-"""Print import cycles between ggpo_batch modules (module-level and function-level imports alike).
+"""Print import cycles between ggpo_batch modules (module-level and function-level imports alike;
+imports under `if TYPE_CHECKING:` do not run and do not count).
 
 Usage: python tools/check/import_cycles.py   -> exit 1 and the cycles, or "no import cycle".
 """
@@ -24,7 +25,14 @@ def imports(path: Path, name: str, known: set[str]) -> set[str]:
     is_pkg = path.name == "__init__.py"
     base = name.split(".") if is_pkg else name.split(".")[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    # Imports under `if TYPE_CHECKING:` never run: a type-only reference is not a cycle.
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         targets: list[str] = []
         if isinstance(node, ast.ImportFrom):
             if node.level:
