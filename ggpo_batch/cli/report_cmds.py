@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
@@ -124,20 +125,29 @@ def _write(text: str, output: Path | None) -> None:
     if output is None:
         click.echo(text, nl=not text.endswith("\n"))
         return
+    with _whole_file(output, "the report") as fh:
+        fh.write(text)
+    click.echo(f"wrote {output}", err=True)
+
+
+@contextmanager
+def _whole_file(output: Path, what: str) -> Iterator[TextIO]:
+    """A file written beside `output` and renamed onto it when complete: a reader never sees half
+    a file; a folder that cannot be written is one line (nothing written), not a traceback."""
     from ..errors import GgpoError
 
     tmp = output.with_name(output.name + ".part")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with tmp.open("w", newline="", encoding="utf-8") as fh:
+            yield fh
         tmp.replace(output)
     except OSError as exc:
-        raise GgpoError(f"{output}: cannot write the report ({exc.strerror or exc}); nothing written") from None
+        raise GgpoError(f"{output}: cannot write {what} ({exc.strerror or exc}); nothing written") from None
     finally:
         try:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass
-    click.echo(f"wrote {output}", err=True)
 
 
 def _print_warnings(console: Console, warnings: list[dict[str, Any]], notes: list[str]) -> None:
@@ -239,19 +249,7 @@ def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None,
     if output is None:
         export_ledger(app.ledger(), sys.stdout, fmt=fmt, table=table, experiment=experiment)
         return
-    from ..errors import GgpoError
-
     led = app.ledger()
-    tmp = output.with_name(output.name + ".part")
-    try:
-        with tmp.open("w", newline="", encoding="utf-8") as fh:
-            n = export_ledger(led, fh, fmt=fmt, table=table, experiment=experiment)
-        tmp.replace(output)  # a reader never sees half a file
-    except OSError as exc:
-        raise GgpoError(f"{output}: cannot write the export ({exc.strerror or exc}); nothing written") from None
-    finally:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass
+    with _whole_file(output, "the export") as fh:
+        n = export_ledger(led, fh, fmt=fmt, table=table, experiment=experiment)
     click.echo(f"wrote {n} rows to {output}", err=True)
