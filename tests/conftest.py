@@ -30,13 +30,21 @@ from tests.support.services import (
 )
 
 # xdist groups (`--dist loadgroup`, set in setup.cfg: a group's tests run on one worker, one at a time).
-# The dev Slurm is one cluster, and some of its tests restart its controller or take its node down:
-# every test marked `slurm` or using `dev_cluster` is in group "slurm". The tests sharing a costly
-# module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs) are a group too, so it is built once,
-# not once on each worker.
+# The dev Slurm is one cluster of one node with 4 GPUs, and some of its tests restart its controller
+# or take its node down: every test marked `slurm` or using `dev_cluster` is in group "slurm". The
+# tests of one module that share a module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs)
+# are a group too, so the fixture is built once, not once on each worker.
 SLURM_GROUP = "slurm"
-SHARED_FIXTURE_GROUPS = {"dev_cluster": SLURM_GROUP, "zero2_runs": "zero2_runs"}
 UNGROUPED = pytest.StashKey[str]()
+
+
+def _xdist_group(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("slurm") or "dev_cluster" in getattr(item, "fixturenames", ()):
+        return SLURM_GROUP  # alone: a second group name would make xdist a new, separate group
+    fixturedefs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(defs and defs[-1].scope in ("module", "class") for defs in fixturedefs.values()):
+        return "module:" + item.nodeid.split("::")[0]
+    return None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -44,14 +52,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # before every other implementation, so xdist's own (on a worker) sees the xdist_group marks
     groups: dict[str, str] = {}
     for item in items:
-        fixtures = getattr(item, "fixturenames", ())
-        names = {g for f, g in SHARED_FIXTURE_GROUPS.items() if f in fixtures}
-        if item.get_closest_marker("slurm"):
-            names.add(SLURM_GROUP)
-        for name in sorted(names):
-            item.add_marker(pytest.mark.xdist_group(name))
-        if names:
-            groups[item.nodeid] = "_".join(sorted(names))
+        if group := _xdist_group(item):
+            item.add_marker(pytest.mark.xdist_group(group))
+            groups[item.nodeid] = group
     result = yield
     # xdist groups by a suffix it puts on the node id; where that does not take (pytest-xdist#1386,
     # pytest 9.2) the grouped tests would run on several workers at once: fail them before they start
