@@ -205,6 +205,7 @@ def test_runs_without_outcomes_and_audit_failures(ledger) -> None:  # type: igno
     assert "eval_reward" not in rep["paired_vs_baseline"]["paired"]
 
 
+@pytest.mark.slow
 def test_plots_of_outcomes_and_paired_differences(ledger, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from matplotlib.image import imread
 
@@ -221,6 +222,7 @@ def _cli(*args: str):  # type: ignore[no-untyped-def]
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
+@pytest.mark.slow
 def test_cli_json_text_compare_and_files(env: dict[str, str], tmp_path: Path) -> None:
     from ggpo_batch.ledger import connect
 

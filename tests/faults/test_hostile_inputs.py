@@ -166,6 +166,7 @@ def test_1_corrupt_or_truncated_sqlite_ledger_is_one_line_exit_4(tmp_path: Path,
         assert any(w in line for w in ("not a database", "malformed", "disk I/O error")), (args, line)
 
 
+@pytest.mark.slow
 def test_1_read_only_ledger_folder_and_lock_file_are_one_line(tmp_path: Path) -> None:
     """A team ledger one may read but not write (the folder, or the enqueue lock beside it), and a
     folder that cannot be created: one line, exit 4, for read-only commands too."""
@@ -215,6 +216,7 @@ def test_1_concurrent_import_of_one_file_is_already_imported_not_a_crash(ledger)
     assert len(ledger.experiments()) == 1 and len(ledger.events()) == events
 
 
+@pytest.mark.slow
 def test_1_concurrent_import_processes(upgraded: dict[str, str]) -> None:
     """Four `ledger import` processes of the same file at once: all exit 0, one imports it."""
     env = {**os.environ}
@@ -427,6 +429,7 @@ def silent_port():  # type: ignore[no-untyped-def]
     srv.close()
 
 
+@pytest.mark.slow
 def test_5_database_url_on_a_port_that_never_answers_is_refused_in_seconds(silent_port: int, tmp_path: Path) -> None:
     env = {**os.environ, "GGPO_DB_URL": f"postgresql://postgres@127.0.0.1:{silent_port}/x",
            "GGPO_DATA_DIR": str(tmp_path), "GGPO_USER": "t"}

@@ -283,24 +283,28 @@ def backends(tmp_path_factory: pytest.TempPathFactory, pg_url: str) -> Iterator[
 # -- the properties --------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @CHECK
 @given(command=st.sampled_from(COMMANDS), value=arg_text)
 def test_hostile_command_arguments(backends: Backends, command, value: str) -> None:  # type: ignore[no-untyped-def]
     backends.run(command(value))
 
 
+@pytest.mark.slow
 @CHECK
 @given(command=st.sampled_from(NUMBER_COMMANDS), value=numbers)
 def test_hostile_numbers_in_arguments(backends: Backends, command, value: Any) -> None:  # type: ignore[no-untyped-def]
     backends.run(command(as_arg(value)))
 
 
+@pytest.mark.slow
 @CHECK
 @given(variable=st.sampled_from(sorted(ENV_COMMANDS)), value=st.one_of(arg_text.filter(bool), numbers.map(as_arg)))
 def test_hostile_environment(backends: Backends, variable: str, value: str) -> None:
     backends.run(ENV_COMMANDS[variable], {variable: value})
 
 
+@pytest.mark.slow
 @CHECK
 @given(path=st.sampled_from(RECORD_PATHS), value=st.one_of(json_values, st.sampled_from(RAW_JSON)),
        key=st.one_of(st.none(), _any_text))

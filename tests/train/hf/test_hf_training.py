@@ -14,7 +14,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.slow]  # 2-rank DeepSpeed runs of a checkpoint: 7-25 s a test
 
 from ggpo_batch.allocation import details_of
 from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED, check_run_record, entry_key

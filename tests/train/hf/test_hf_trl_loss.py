@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")
 trl = pytest.importorskip("trl")
 pytest.importorskip("datasets")
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.slow]  # TRL's trainer set up beside ours: 7 s
 
 from ggpo_batch.train.ggpo import ggpo_loss
 from ggpo_batch.train.ggpo_config import GgpoConfig
