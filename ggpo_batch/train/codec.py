@@ -77,11 +77,14 @@ class Codec(abc.ABC):
     def answer_target(self, answer: str) -> list[int]:
         """A supervised answer turn (the auxiliary answer loss): its tokens, end of turn included."""
 
+    # Token ids whose text holds the last character of a stop string: only they can complete one.
+    _closing: frozenset[int] | None = None
+
     def turn_ended(self, turn: Sequence[int]) -> bool:
         """Whether a turn being sampled is over (a stop id, or a stop string in its text)."""
         if turn and turn[-1] in self.stop_ids:
             return True
-        if self.stop_strings and turn:
+        if self.stop_strings and turn and (self._closing is None or turn[-1] in self._closing):
             tail = self.decode(turn[-24:])
             return any(s in tail for s in self.stop_strings)
         return False
@@ -144,6 +147,13 @@ class HfCodec(Codec):
         self.stop_ids = frozenset(eos)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.eos_id
+        # A token whose text holds ">" spells it in its vocabulary piece too: byte-level BPE maps
+        # printable ASCII to itself, SentencePiece writes it as is or as the byte piece "<0x3E>".
+        # No piece at all with it: an unusual vocabulary, so every token is decoded (None).
+        ends = {st[-1] for st in self.stop_strings}
+        pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+        closing = frozenset(i for i, p in enumerate(pieces) if isinstance(p, str) and any(e in p for e in ends))
+        self._closing = closing or None
 
     def _encode(self, text: str) -> list[int]:
         # split_special_tokens: text from the data (a passage, a question) can never become a special

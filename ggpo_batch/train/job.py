@@ -44,7 +44,10 @@ class Preempted(GgpoError):
 def _distributed_env() -> tuple[int, int, int, bool]:
     """(rank, world, local_rank, under_submitit); exports MASTER_* for torch's env:// init."""
     try:
-        env = submitit.helpers.TorchDistributedEnvironment().export()
+        # overwrite: inside a submitit job its task environment is the truth. Stale RANK/WORLD_SIZE/
+        # LOCAL_WORLD_SIZE inherited from the submitting process (an in-process vLLM engine sets
+        # LOCAL_WORLD_SIZE) made export() refuse, and every task then trained alone as rank 0 of 1.
+        env = submitit.helpers.TorchDistributedEnvironment().export(overwrite=True)
         return env.rank, env.world_size, env.local_rank, True
     except RuntimeError:  # not inside a submitit job (or submitit's debug executor): torchrun-style env
         if "RANK" not in os.environ:  # a lone process: rank 0 of 1, on a free local port

@@ -50,7 +50,7 @@ class TorchSampler(RolloutBackend):
     """A hand-written batched sampler over an HF causal LM with a KV cache (left-padded prompts)."""
 
     def __init__(self, model: torch.nn.Module, codec: Codec | None = None) -> None:
-        self.model = model.eval()
+        self.model = model  # a behaviour copy, or the policy module itself (ZeRO-2: nothing to sync)
         self.codec = codec or ByteCodec()
 
     def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
@@ -59,23 +59,36 @@ class TorchSampler(RolloutBackend):
             for name, tensor in state.items():
                 own[name].copy_(tensor.to(own[name].dtype))
 
-    @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:
         if not prompts:
             return []
+        training = self.model.training  # a policy with gradient checkpointing trains in train mode
+        self.model.eval()  # (HF turns the KV cache off in train mode under checkpointing)
+        try:
+            with torch.inference_mode():
+                return self._generate(prompts, max_new_tokens, temperature, seed)
+        finally:
+            self.model.train(training)
+
+    def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
+                  seed: int) -> list[Generation]:
         codec = self.codec
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         device = next(self.model.parameters()).device
         gen = torch.Generator(device=device).manual_seed(seed)
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), codec.pad_id, dtype=torch.long, device=device)
-        attn = torch.zeros_like(ids)
+        # The attention mask of the whole call, preallocated: each decode step passes a longer view.
+        full = torch.ones((len(prompts), width + max(limits)), dtype=torch.long, device=device)
+        full[:, :width] = 0
         for i, p in enumerate(prompts):
             ids[i, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-            attn[i, width - len(p):] = 1
+            full[i, width - len(p):] = 1
+        attn = full[:, :width]
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True)
+        # Prefill: only the last position's logits are needed (the LM head over a prompt is not).
+        out = self.model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=True, logits_to_keep=1)
         past, logits, next_pos = out.past_key_values, out.logits[:, -1], pos[:, -1] + 1
         stop = torch.tensor(sorted(codec.stop_ids), device=device)
         done = torch.tensor([n < 1 for n in limits], dtype=torch.bool, device=device)
@@ -88,15 +101,16 @@ class TorchSampler(RolloutBackend):
             tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             done_now = done | torch.isin(tok, stop)
+            tok_l, lp_l = tok.tolist(), lp.tolist()
             for i in torch.nonzero(~done).flatten().tolist():
-                toks[i].append(int(tok[i]))
-                lps[i].append(float(lp[i]))
+                toks[i].append(tok_l[i])
+                lps[i].append(lp_l[i])
                 if len(toks[i]) >= limits[i] or (codec.stop_strings and codec.turn_ended(toks[i])):
                     done_now[i] = True
             done = done_now
             if bool(done.all()):
                 break
-            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=1)
+            attn = full[:, : attn.shape[1] + 1]
             out = self.model(input_ids=tok[:, None], attention_mask=attn, position_ids=next_pos[:, None],
                              past_key_values=past, use_cache=True)
             past, logits, next_pos = out.past_key_values, out.logits[:, -1], next_pos + 1

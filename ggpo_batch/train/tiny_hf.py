@@ -164,3 +164,21 @@ def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, lay
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m ggpo_batch.train.tiny_hf OUT`: OUT/model (the checkpoint) and OUT/qa (the JSONL files),
+    what jobs/hf-tiny-cpu.toml names."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("out", type=Path, nargs="?", default=Path("out/tiny-hf"))
+    args = ap.parse_args(argv)
+    model = build_checkpoint(args.out / "model")
+    files = build_qa_set(args.out / "qa")
+    print(f"checkpoint {model}; data {', '.join(str(p) for p in files.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

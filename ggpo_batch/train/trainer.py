@@ -133,7 +133,12 @@ class Trainer:
             bf16, fp16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda"), False
         model = initial_policy(cfg, spec.seed, self.model_dir)
         self.reference = copy.deepcopy(model).to(device).requires_grad_(False).eval()
-        behaviour = copy.deepcopy(model).to(device).requires_grad_(False).eval() if cfg.rollout == "torch" else model
+        # Torch rollouts under ZeRO-2 sample from the policy module itself (every rank holds its whole
+        # weights): no behaviour copy to push weights into after each update. ZeRO-3 partitions the
+        # weights (the sampler gets a copy); vLLM serves its own.
+        self.shares_policy = cfg.rollout == "torch" and cfg.zero_stage < 3
+        behaviour = (copy.deepcopy(model).to(device).requires_grad_(False).eval()
+                     if cfg.rollout == "torch" and not self.shares_policy else model)
         if bf16:
             self.reference.to(torch.bfloat16)
         self.micro_batches = micro_batches(cfg, world)
@@ -153,7 +158,8 @@ class Trainer:
                         "device_index": device.index, "model_dir": self.model_dir,
                         "max_model_len": cfg.max_model_len,
                         "dtype": cfg.model.dtype if cfg.model is not None else "bfloat16"}
-        self.backend = make_backend(cfg.rollout, behaviour, self.codec, **vllm_options)
+        self.backend = make_backend(cfg.rollout, self.engine.module if self.shares_policy else behaviour, self.codec,
+                                    **vllm_options)
         self.state = LoopState()
         self.evidence: list[StepEvidence] = []
 
@@ -275,17 +281,24 @@ class Trainer:
                 part_ids, part_attn = ids[:1, :2], attn[:1, :2]
             else:
                 part_ids, part_attn = ids[rows], attn[rows]
-            logits = self.engine(input_ids=part_ids, attention_mask=part_attn, use_cache=False).logits[:, :-1]
-            logp = policy_token_logprobs(logits, part_ids[:, 1:], cfg.temperature, self.codec)
+            # Logits only from the first target any row trains on: prompts carry no loss, and the LM
+            # head and log-softmax over a large vocabulary are the costliest part of the pass.
+            cols = torch.nonzero(m.any(dim=0)).flatten()
+            first = int(cols[0]) if cols.numel() else m.shape[1] - 1
+            keep = {"logits_to_keep": m.shape[1] - first + 1}
+            m, targets = m[:, first:], part_ids[:, first + 1:]
+            logits = self.engine(input_ids=part_ids, attention_mask=part_attn, use_cache=False, **keep).logits[:, :-1]
+            logp = policy_token_logprobs(logits, targets, cfg.temperature, self.codec)
             del logits
             with torch.no_grad():
-                ref_logits = self.reference(input_ids=part_ids, attention_mask=part_attn, use_cache=False).logits[:, :-1]
-                ref_logp = policy_token_logprobs(ref_logits, part_ids[:, 1:], cfg.temperature, self.codec)
+                ref_logits = self.reference(input_ids=part_ids, attention_mask=part_attn, use_cache=False,
+                                            **keep).logits[:, :-1]
+                ref_logp = policy_token_logprobs(ref_logits, targets, cfg.temperature, self.codec)
                 del ref_logits
             # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
             # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
             logp, ref_logp = torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0)
-            part, stats = ggpo_loss(logp, blp[rows, : m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
+            part, stats = ggpo_loss(logp, blp[rows, first: first + m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
             part = part * (m.sum() / total)
             tally["rl_loss_tokens"] += stats.loss_tokens
             tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
@@ -312,8 +325,10 @@ class Trainer:
         st.last_batch_seconds = step_seconds
         refreshed = (st.step + 1) % self.gcfg.reference_refresh_steps == 0
         # Post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
-        weights = full_state_dict(self.engine.module, cfg.zero_stage)
-        self.backend.sync_weights(weights)
+        if refreshed or not self.shares_policy:
+            weights = full_state_dict(self.engine.module, cfg.zero_stage)
+        if not self.shares_policy:
+            self.backend.sync_weights(weights)
         if refreshed:
             own = dict(self.reference.named_parameters())
             with torch.no_grad():
@@ -391,7 +406,8 @@ class Trainer:
         saved = torch.load(mine, weights_only=False)
         self.state, self.evidence = saved["state"], saved["evidence"]
         self.reference.load_state_dict(saved["reference"])
-        self.backend.sync_weights(full_state_dict(self.engine.module, self.cfg.zero_stage))
+        if not self.shares_policy:
+            self.backend.sync_weights(full_state_dict(self.engine.module, self.cfg.zero_stage))
         log.info("rank %d resumed at step %d (loop %.2fs)", self.rank, self.state.step, self.state.loop_seconds)
         return True
 

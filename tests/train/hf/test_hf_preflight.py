@@ -170,6 +170,29 @@ def test_each_problem_is_one_line_naming_its_field(case, field, words, absent, w
     assert report.lines() == [f"{path}: {field}: {problem.message}"] and "\n" not in report.lines()[0]
 
 
+def test_a_hub_id_is_taken_from_the_local_hugging_face_cache_only(write, tmp_path, tiny_hf, monkeypatch):  # type: ignore[no-untyped-def]
+    """A hub id names a snapshot already in the local cache (laid out as huggingface_hub keeps it);
+    nothing is downloaded, an uncached id is refused (see CASES)."""
+    import huggingface_hub.constants
+
+    from ggpo_batch.train import hf
+
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = cache / "models--ggpo-test--tiny"
+    shutil.copytree(tiny_hf, repo / "snapshots" / commit)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert hf.resolve("ggpo-test/tiny") == (repo / "snapshots" / commit).resolve()
+    spec = load_spec(write(model="ggpo-test/tiny"))
+    assert spec.train["model"]["path"] == "ggpo-test/tiny"  # kept as a hub id, resolved where it is loaded
+    report = preflight.check(spec)
+    assert report.ok, report.lines()
+    assert Path(report.facts["model_dir"]).resolve() == (repo / "snapshots" / commit).resolve()
+
+
 def test_gpu_memory_is_checked_against_the_profile(write, tmp_path):  # type: ignore[no-untyped-def]
     profiles = tmp_path / "profiles"
     profiles.mkdir()

@@ -69,16 +69,14 @@ def engine(scripted):  # type: ignore[no-untyped-def]
     from ggpo_batch.train.vllm_backend import VllmBackend
 
     folder, model, tok = scripted
-    saved = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    saved = dict(os.environ)  # vLLM sets variables in this process (LOCAL_WORLD_SIZE, LD_PRELOAD...)
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
     codec = HfCodec(tok, max_model_len=512, eos_ids=eos_ids(folder))
     backend = VllmBackend(model, codec, seed=0, model_dir=folder, max_model_len=512, dtype="float32")
     yield backend, codec
     backend.close()
-    if saved is None:
-        os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-    else:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = saved
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def words(codec, gen):  # type: ignore[no-untyped-def]
