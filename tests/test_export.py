@@ -92,3 +92,17 @@ def test_cli_export_to_file(env: dict[str, str], tmp_path: Path) -> None:
     assert res.exit_code == 2 and "no experiment 'nope'" in res.output
     assert not (tmp_path / "n.csv").exists() and not (tmp_path / "n.csv.part").exists()
     assert runner.invoke(cli, ["ledger", "export", "--format", "xml"]).exit_code == 2
+
+
+def test_export_never_replaces_a_device_or_fifo(env, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """-o onto something that is not a regular file is refused: the write-then-rename that keeps a
+    reader from seeing half a file would otherwise replace the device (it once replaced /dev/null)."""
+    import os
+
+    runner = CliRunner()
+    assert runner.invoke(cli, ["db", "upgrade"]).exit_code == 0
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    res = runner.invoke(cli, ["ledger", "export", "--format", "csv", "-o", str(fifo)])
+    assert res.exit_code == 2 and "not a regular file" in res.output
+    assert not fifo.is_file() and fifo.exists()

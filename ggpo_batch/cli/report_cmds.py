@@ -136,6 +136,8 @@ def _whole_file(output: Path, what: str) -> Iterator[TextIO]:
     a file; a folder that cannot be written is one line (nothing written), not a traceback."""
     from ..errors import GgpoError
 
+    if output.exists() and not output.is_file():  # a device or FIFO would be replaced by the rename
+        raise GgpoError(f"{output}: not a regular file; write to stdout instead (leave out -o)")
     tmp = output.with_name(output.name + ".part")
     try:
         with tmp.open("w", newline="", encoding="utf-8") as fh:

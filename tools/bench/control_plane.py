@@ -37,7 +37,7 @@ COMMANDS = {
     "status": ["status"],
     "status -s failed": ["status", "-e", "cp", "-s", "failed"],
     "reconcile": ["reconcile"],
-    "export csv": ["ledger", "export", "--format", "csv", "--table", "runs", "-o", os.devnull],
+    "export csv": ["ledger", "export", "--format", "csv", "--table", "runs"],  # to stdout, which is discarded
 }
 
 
