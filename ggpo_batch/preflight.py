@@ -16,7 +16,8 @@ GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (G
     gradients    P*b/N                     (partitioned at z = 2 and 3)
     optimizer    (12 if b < 4 else 8)*P/N  (fp32 master copy + Adam's two moments, partitioned)
     reference    P*b                       (a full copy on every rank, as the trainer keeps it)
-    rollout      P*b (torch sampler's behaviour copy), or U*M for vLLM (its reservation: U =
+    rollout      0 for the torch sampler at z = 2 (it samples from the policy module itself), P*b
+                 at z = 3 (its behaviour copy), or U*M for vLLM (its reservation: U =
                  vllm_gpu_memory_utilization of the GPU's M bytes)
     activations  R*T*H*L*(2 if gradient_checkpointing else 34)*b/2 + R*T*V*(b + 8)
                  (per layer 34*T*H bytes in 16 bit without recomputation, 2*T*H with it, after
@@ -373,7 +374,7 @@ def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage
         "gradients": p * b / n,
         "optimizer": (12 if b < 4 else 8) * p / n,
         "reference": p * b,
-        "rollout": vllm_fraction * gpu_bytes if rollout == "vllm" else p * b,
+        "rollout": vllm_fraction * gpu_bytes if rollout == "vllm" else (p * b if zero_stage == 3 else 0.0),
         "activations": rows * seq_len * hidden * layers * act * b / 2 + rows * seq_len * vocab * (b + 8),
         "context": CONTEXT_BYTES,
     }

@@ -226,7 +226,12 @@ def test_memory_formula_for_the_reference_model_sizes():  # type: ignore[no-unty
     z3 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=3, rows=1, seq_len=8192,
                                    hidden=2048, layers=28, vocab=151936, gradient_checkpointing=True,
                                    rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
-    assert z3["weights"] == 2 * p / 4 and z3["rollout"] == 2 * p
+    assert z3["weights"] == 2 * p / 4 and z3["rollout"] == 2 * p  # the torch sampler's behaviour copy
+    z2 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
+                                   hidden=2048, layers=28, vocab=151936, gradient_checkpointing=False,
+                                   rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
+    assert z2["rollout"] == 0  # it samples from the policy module itself
+    assert z2["activations"] == 8192 * 2048 * 28 * 34 + 8192 * 151936 * 10
 
 
 # -- through the CLI: exit 2, one line each, nothing written; then a good spec to a succeeded run -----

@@ -136,31 +136,25 @@ def test_zero3_in_micro_batches_computes_the_same_first_update(z2, z3):  # type:
     assert h3["gradient_norm"] == pytest.approx(h2["gradient_norm"], rel=1e-4)
 
 
-@pytest.fixture
-def one_rank(monkeypatch):  # type: ignore[no-untyped-def]
-    """A one-rank gloo process group in this process (the trainer's collectives need one)."""
-    import deepspeed
-    import torch.distributed as dist
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_updates_raise_the_logprob_of_positive_advantage_tokens(one_rank, hf_spec, tmp_path_factory, arch):  # type: ignore[no-untyped-def]
+    """Three ggpo updates on one fixed batch of real rollouts of a Qwen2- and a Llama-architecture
+    checkpoint: the policy's mean log-prob of the tokens of positive-advantage trajectories rises, of
+    negative-advantage ones falls; the update's exported directory reloads as the same architecture."""
+    import dataclasses
 
-    from ggpo_batch.netutil import free_port
+    from transformers import AutoModelForCausalLM
 
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(free_port())}.items():
-        monkeypatch.setenv(k, v)
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    yield
-    dist.destroy_process_group()
-
-
-def test_updates_raise_the_logprob_of_positive_advantage_tokens(one_rank, hf_spec):  # type: ignore[no-untyped-def]
-    """Three ggpo updates on one fixed batch of real rollouts: the policy's mean log-prob of the
-    tokens of positive-advantage trajectories rises, of negative-advantage ones falls."""
     from ggpo_batch.train.config import TrainConfig
     from ggpo_batch.train.ggpo import group_advantages
     from ggpo_batch.train.model import logprobs_of
+    from ggpo_batch.train.tiny_hf import build_checkpoint
     from ggpo_batch.train.trainer import Trainer, loss_batch
 
     spec = hf_spec("clean", budget=1e9, reference_refresh_steps=100)
+    if arch != "qwen2":
+        folder = build_checkpoint(tmp_path_factory.mktemp(arch) / "model", arch=arch)
+        spec = dataclasses.replace(spec, train={**spec.train, "model": {**spec.train["model"], "path": str(folder)}})
     cfg = TrainConfig.from_table(spec.train, "t")
     trainer = Trainer(spec, cfg, rank=0, world=1, device=torch.device("cpu"), budget_seconds=1e9)
     try:
@@ -184,5 +178,8 @@ def test_updates_raise_the_logprob_of_positive_advantage_tokens(one_rank, hf_spe
         pos1, neg1 = mean_logprob(True), mean_logprob(False)
         assert pos1 > pos0 + 0.05, (pos0, pos1)
         assert neg1 < neg0, (neg0, neg1)
+        out = tmp_path_factory.mktemp(f"{arch}-export")
+        _, digest = trainer.export(out / "policy")
+        assert digest and type(AutoModelForCausalLM.from_pretrained(out / "policy")).__name__.lower().startswith(arch)
     finally:
         trainer.close()
