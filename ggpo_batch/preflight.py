@@ -92,22 +92,25 @@ class PreflightError(GgpoError):
         super().__init__("; ".join(self.lines))
 
 
-def require(spec: ExperimentSpec, *, arms: list[str] | None = None) -> Report:
+def require(spec: ExperimentSpec, *, arms: list[str] | None = None, ranks: int | None = None) -> Report:
     """`check(spec)`, raising PreflightError when anything would fail."""
-    report = check(spec, arms=arms)
+    report = check(spec, arms=arms, ranks=ranks)
     if not report.ok:
         raise PreflightError(report)
     return report
 
 
-def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: Path | None = None) -> Report:
-    """Every problem preflight finds in `spec` (only the named `arms` when given)."""
+def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: Path | None = None,
+          ranks: int | None = None) -> Report:
+    """Every problem preflight finds in `spec` (only the named `arms` when given; `ranks` when the
+    caller decides them, as `train --nproc` does, instead of the executor's)."""
     from .train.config import TrainConfig
 
     report = Report(spec.path)
     cfg = TrainConfig.from_table(spec.train, spec.path)
     chosen = [spec.arm(a) for a in arms] if arms else list(spec.arms)
-    ranks, gpu_bytes = _allocation(spec, report, profiles_dir)
+    executor_ranks, gpu_bytes = _allocation(spec, report, profiles_dir)
+    ranks = ranks or executor_ranks
     if cfg.model is not None and spec.executor == "slurm" and gpu_bytes is None \
             and not any(p.field == "experiment.profile" for p in report.problems):
         report.add("experiment.profile", f"profile {spec.profile!r} does not declare gpu_memory_gib (one GPU's memory): "

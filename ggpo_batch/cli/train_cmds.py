@@ -42,7 +42,7 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
     if seed not in spec.seeds:
         raise click.BadParameter(f"{seed} is not a seed of {spec_file} ({list(spec.seeds)})", param_hint="--seed")
     # The executor this command uses decides the ranks and whether there are GPUs to check.
-    require(dataclasses.replace(spec, executor=executor), arms=[arm])
+    require(dataclasses.replace(spec, executor=executor), arms=[arm], ranks=nproc if executor == "local" else None)
     run = spec.run_spec(spec.arm(arm), seed, version=0)
     if budget_seconds is not None:
         run = dataclasses.replace(run, loop_budget_seconds=float(budget_seconds))

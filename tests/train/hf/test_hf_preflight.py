@@ -193,6 +193,13 @@ def test_a_hub_id_is_taken_from_the_local_hugging_face_cache_only(write, tmp_pat
     assert Path(report.facts["model_dir"]).resolve() == (repo / "snapshots" / commit).resolve()
 
 
+def test_ranks_given_by_the_caller_replace_the_executors(write):  # type: ignore[no-untyped-def]
+    """`train --nproc N` decides the ranks of a local run; the executor's default (2) is for the queue."""
+    spec = load_spec(write(train="prompts_per_step = 3"))
+    assert preflight.check(spec, ranks=1).ok and preflight.check(spec, ranks=3).ok
+    assert [p.field for p in preflight.check(spec).problems] == ["train.prompts_per_step"]
+
+
 def test_gpu_memory_is_checked_against_the_profile(write, tmp_path):  # type: ignore[no-untyped-def]
     profiles = tmp_path / "profiles"
     profiles.mkdir()
