@@ -10,24 +10,7 @@ profile's GPUs against the model (the estimate below). Every problem is collecte
 naming the field; a problem that is only "this file or directory is absent from this machine" is
 marked as such (`Problem.absent`), so a spec written for a cluster can be told apart from a wrong one.
 
-GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (GPUs), ZeRO stage z:
-
-    weights      P*b                       (z = 2: every rank holds them)   P*b/N (z = 3)
-    gradients    P*b/N                     (partitioned at z = 2 and 3)
-    optimizer    (12 if b < 4 else 8)*P/N  (fp32 master copy + Adam's two moments, partitioned)
-    reference    P*b                       (a full copy on every rank, as the trainer keeps it)
-    rollout      0 for the torch sampler at z = 2 (it samples from the policy module itself), P*b
-                 at z = 3 (its behaviour copy), or U*M for vLLM (its reservation: U =
-                 vllm_gpu_memory_utilization of the GPU's M bytes)
-    activations  R*T*H*L*(2 if gradient_checkpointing else 34)*b/2 + R*T*V*(b + 8)
-                 (per layer 34*T*H bytes in 16 bit without recomputation, 2*T*H with it, after
-                 Korthikanti et al. 2022, attention fused; logits in dtype plus float32 log-softmax)
-    context      1 GiB (CUDA context, allocator slack)
-
-with R rows per pass (train.micro_batch_rows, else the rank's whole batch (prompts_per_step/N) x
-group_size), T = max_model_len, H, L, V the checkpoint's hidden size, layers and vocabulary. The
-sum must not exceed the profile's `gpu_memory_gib`. It is an estimate (no kernel workspace, no
-fragmentation model); a spec that passes can still run out of memory, one that fails would.
+The GPU-memory estimate is `gpu_memory.memory_estimate` (its formula is documented there).
 """
 
 from __future__ import annotations
@@ -39,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import GgpoError, SpecError
+from .gpu_memory import GIB, memory_estimate
 
 if TYPE_CHECKING:
     from .runspec import ArmSpec
@@ -49,9 +33,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-GIB = 1 << 30
-CONTEXT_BYTES = GIB
-ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = {False: 34, True: 2}  # 16-bit, by gradient checkpointing
 
 
 @dataclass(frozen=True)
@@ -364,25 +345,6 @@ def _precision(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> None:
         if cfg.model.attn_implementation == "flash_attention_2":
             report.add("train.model.attn_implementation", f"flash_attention_2 needs a GPU; executor {spec.executor!r} "
                        f"trains on the CPU: use sdpa or eager")
-
-
-def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage: int, rows: int, seq_len: int,
-                    hidden: int, layers: int, vocab: int, gradient_checkpointing: bool, rollout: str,
-                    vllm_fraction: float, gpu_bytes: float) -> dict[str, float]:
-    """Bytes per GPU by part (the module docstring's formula)."""
-    p, b, n = parameters, dtype_bytes, ranks
-    act = ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN[gradient_checkpointing]
-    parts = {
-        "weights": p * b / (n if zero_stage == 3 else 1),
-        "gradients": p * b / n,
-        "optimizer": (12 if b < 4 else 8) * p / n,
-        "reference": p * b,
-        "rollout": vllm_fraction * gpu_bytes if rollout == "vllm" else (p * b if zero_stage == 3 else 0.0),
-        "activations": rows * seq_len * hidden * layers * act * b / 2 + rows * seq_len * vocab * (b + 8),
-        "context": CONTEXT_BYTES,
-    }
-    parts["total"] = sum(parts.values())
-    return parts
 
 
 def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks: int, gpu_bytes: float,

@@ -10,30 +10,26 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..run_record import AUX_COST_KEYS, AUX_SOURCE_KEYS, COST_KEYS, COUNT_KEYS
 from ..runspec import RunSpec
-from .audit import AuditResult, StepEvidence, TrajectoryEvidence, audit
+from .audit import AuditResult, StepEvidence, audit
 from .backends import make_backend
+from .batch import LoopState, collate, loss_batch, micro_batches
 from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
-from .environment import GENERATED, PAD_SOURCE, Trajectory, run_episodes, start
+from .environment import GENERATED, Trajectory, run_episodes, start
 from .ggpo import ggpo_loss, group_advantages
 from .model import full_state_dict, initial_policy, policy_token_logprobs
 from .retrieval import Retriever
 from .task import is_clean_answer, load, normalize
-from .tokenizer import EOS
 
-if TYPE_CHECKING:
-    from .ggpo import GroupAdvantages
 
 log = logging.getLogger(__name__)
 
@@ -41,70 +37,6 @@ log = logging.getLogger(__name__)
 COUNTS = tuple(k for k in COUNT_KEYS if k != "steps")
 COSTS = COST_KEYS + AUX_COST_KEYS
 AUX = AUX_SOURCE_KEYS
-
-
-@dataclass
-class LoopState:
-    """Everything a resumed job needs to continue the loop exactly where it stopped (per rank)."""
-
-    step: int = 0
-    loop_seconds: float = 0.0
-    last_batch_seconds: float = 0.0
-    prior_elapsed_seconds: float = 0.0
-    tally: Counter = field(default_factory=Counter)  # local counts, costs and aux sources
-    templates: Counter = field(default_factory=Counter)
-    aux_seen: set = field(default_factory=set)
-    history: list = field(default_factory=list)
-    exposed_items: set = field(default_factory=set)  # ids of items this rank trained in an exposure group
-
-
-def _collate(rows: list[tuple[list[int], list[int], list[float]]], pad_id: int = EOS) -> tuple[torch.Tensor, ...]:
-    """Right-pad (tokens, sources, behaviour logprobs) rows into ids, attention, sources, logprobs."""
-    width = max(len(r[0]) for r in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    src = torch.full((len(rows), width), PAD_SOURCE, dtype=torch.uint8)
-    blp = torch.zeros((len(rows), width), dtype=torch.float32)
-    for i, (t, s, b) in enumerate(rows):
-        ids[i, : len(t)], attn[i, : len(t)] = torch.tensor(t), 1
-        src[i, : len(t)], blp[i, : len(t)] = torch.tensor(s, dtype=torch.uint8), torch.tensor(b)
-    return ids, attn, src, blp
-
-
-def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: torch.Tensor,
-               adv: GroupAdvantages, eps: float,
-               pad_id: int = EOS) -> tuple[tuple[torch.Tensor, ...], list[float], StepEvidence]:
-    """The step's loss rows (the retained groups' trajectories) collated as (ids, attention, loss mask,
-    behaviour logprobs), their advantages, and the audit's evidence of what the loss saw."""
-    rows, row_adv, row_ids, seen = [], [], [], []
-    for gi, ts in enumerate(trajs):
-        keep = bool(adv.retained[gi])
-        for j, t in enumerate(ts):
-            tid = f"s{step}/r{rank}/g{gi}/t{j}"
-            seen.append(TrajectoryEvidence(tid, gi, t.item, t.template, len(t.tokens), tuple(t.turns),
-                                           float(rewards[gi, j])))
-            if keep:
-                rows.append((t.tokens, t.sources, t.behaviour_logprobs))
-                row_adv.append(float(adv.advantages[gi, j]))
-                row_ids.append(tid)
-    row_trajectories: list[str | None] = list(row_ids)
-    if not rows:  # this rank kept no group: a zero-mask row keeps the ranks' passes paired
-        t = trajs[0][0]
-        rows, row_adv, row_trajectories = [(t.tokens, [0] * len(t.tokens), [0.0] * len(t.tokens))], [0.0], [None]
-    ids, attn, src, blp = _collate(rows, pad_id)
-    mask = src[:, 1:] == GENERATED
-    evidence = StepEvidence(step, seen, ids[:, 1:], mask, torch.tensor(row_adv), row_trajectories, eps)
-    return (ids, attn, mask, blp), row_adv, evidence
-
-
-def micro_batches(cfg: TrainConfig, world: int) -> int:
-    """Forward/backward passes per step on every rank: 1 (the whole local batch at once) when
-    train.micro_batch_rows is 0, else enough passes of that many rows for the most rows a rank can
-    hold, (prompts_per_step / world) x group_size."""
-    if not cfg.micro_batch_rows:
-        return 1
-    capacity = max(1, cfg.prompts_per_step // world) * cfg.group_size
-    return -(-capacity // cfg.micro_batch_rows)
 
 
 class Trainer:
@@ -218,7 +150,7 @@ class Trainer:
         rows = [(t, [GENERATED if i >= a else 0 for i in range(len(t))], [0.0] * len(t)) for t, a in examples]
         pad = ([self.codec.pad_id] * 7, [0] * 7, [0.0] * 7)
         rows += [pad] * (int(n_max) - len(examples))
-        ids, attn, src, _ = _collate(rows, self.codec.pad_id)
+        ids, attn, src, _ = collate(rows, self.codec.pad_id)
         ids, attn = ids.to(self.device), attn.to(self.device)
         mask = (src[:, 1:] == GENERATED).to(self.device)
         tally = self.state.tally

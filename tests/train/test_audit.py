@@ -33,7 +33,7 @@ from ggpo_batch.train.retrieval import Retriever
 from ggpo_batch.train.rollout import Generation, RolloutBackend
 from ggpo_batch.train.task import render, synthetic
 from ggpo_batch.train.tokenizer import EOS, SEARCH, encode
-from ggpo_batch.train.trainer import loss_batch
+from ggpo_batch.train.batch import loss_batch
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)

@@ -15,7 +15,7 @@ from ggpo_batch.train.retrieval import Retriever
 from ggpo_batch.train.rollout import Generation, RolloutBackend, TorchSampler
 from ggpo_batch.train.task import render, synthetic
 from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
-from ggpo_batch.train.trainer import _collate, loss_batch
+from ggpo_batch.train.batch import collate, loss_batch
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)
@@ -70,7 +70,7 @@ def test_planted_tool_output_never_enters_the_loss_mask():
     t = trajs[0]
     assert t.retrieved and t.calls == 2 and t.reward == 1.0
     assert TOOL in t.sources and DOC_OPEN in t.tokens and DOC_CLOSE in t.tokens
-    ids, _, src, blp = _collate([(x.tokens, x.sources, x.behaviour_logprobs) for x in trajs] +
+    ids, _, src, blp = collate([(x.tokens, x.sources, x.behaviour_logprobs) for x in trajs] +
                                 [(trajs[0].tokens[:5], trajs[0].sources[:5], [0.0] * 5)])  # a padded row
     mask = src[:, 1:] == GENERATED
     targets = ids[:, 1:]

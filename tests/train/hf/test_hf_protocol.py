@@ -25,7 +25,7 @@ from ggpo_batch.train.hf import eos_ids, load_tokenizer
 from ggpo_batch.train.retrieval import Retriever
 from ggpo_batch.train.rollout import Generation, RolloutBackend
 from ggpo_batch.train.task import load
-from ggpo_batch.train.trainer import loss_batch
+from ggpo_batch.train.batch import loss_batch
 
 
 @pytest.fixture(scope="module")

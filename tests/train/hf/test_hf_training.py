@@ -149,7 +149,8 @@ def test_updates_raise_the_logprob_of_positive_advantage_tokens(one_rank, hf_spe
     from ggpo_batch.train.ggpo import group_advantages
     from ggpo_batch.train.model import logprobs_of
     from ggpo_batch.train.tiny_hf import build_checkpoint
-    from ggpo_batch.train.trainer import Trainer, loss_batch
+    from ggpo_batch.train.batch import loss_batch
+    from ggpo_batch.train.trainer import Trainer
 
     spec = hf_spec("clean", budget=1e9, reference_refresh_steps=100)
     if arch != "qwen2":
