@@ -93,18 +93,10 @@ def build_qa_set(folder: Path, *, n_train: int = 200, n_eval: int = 200, seed: i
 
 
 def _tokenizer_text(items: list[dict], passages: list[dict]) -> list[str]:
-    from .codec import (
-        ANSWER_CLOSE,
-        ANSWER_OPEN,
-        INFO_CLOSE,
-        INFO_OPEN,
-        SEARCH_CLOSE,
-        SEARCH_OPEN,
-        instruction,
-    )
+    from .codec import instruction
     from .task import TEMPLATES
 
-    lines = [instruction(), SEARCH_OPEN + SEARCH_CLOSE + INFO_OPEN + INFO_CLOSE + ANSWER_OPEN + ANSWER_CLOSE]
+    lines = [instruction(), "".join(_protocol_tags())]
     lines += [f"{p['title']}: {p['text']}" for p in passages]
     lines += [t.format(question=i["question"]) + " " + i["answers"][0] for i in items for t in TEMPLATES.values()]
     return lines
