@@ -29,6 +29,13 @@ class App:
             self._settings = load_settings()
         return self._settings
 
+    def close(self) -> None:
+        """Close the ledger's connections when the command ends: closing the last connection to a
+        WAL SQLite ledger checkpoints it, so the file on disk is whole after every command."""
+        if self._ledger is not None:
+            self._ledger.engine.dispose()
+            self._ledger = None
+
     def ledger(self, *, check: bool = True):  # type: ignore[no-untyped-def]
         if self._ledger is None:
             from ..ledger import connect
@@ -205,4 +212,4 @@ def cli(ctx: click.Context, verbose: int) -> None:
     """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    ctx.ensure_object(App)
+    ctx.call_on_close(ctx.ensure_object(App).close)
