@@ -3,18 +3,8 @@ import json
 import pytest
 
 from ggpo_batch.runspec import ArmSpec, RunSpec
+from tests.support.arms import ARMS
 from tests.support.paths import SEED_000
-
-TEMPLATES = ("train_direct", "train_role")
-
-# The 5 arms of seeds/000, scaled to the synthetic task (4 held-out items exposed).
-ARMS = {
-    "clean": ArmSpec("clean"),
-    "paired": ArmSpec("paired", "paired", 4, TEMPLATES),
-    "random_matched": ArmSpec("random_matched", "random", 4, TEMPLATES),
-    "paired_answer": ArmSpec("paired_answer", "paired", 4, TEMPLATES, True),
-    "random_answer": ArmSpec("random_answer", "random", 4, TEMPLATES, True),
-}
 
 
 def make_spec(arm: str, *, seed: int = 7, budget: float = 2.0, **train) -> RunSpec:

@@ -11,17 +11,10 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from ggpo_batch.runspec import ArmSpec, RunSpec
+from ggpo_batch.runspec import RunSpec
 from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
 
-TEMPLATES = ("train_direct", "train_role")
-ARMS = {
-    "clean": ArmSpec("clean"),
-    "paired": ArmSpec("paired", "paired", 4, TEMPLATES),
-    "random_matched": ArmSpec("random_matched", "random", 4, TEMPLATES),
-    "paired_answer": ArmSpec("paired_answer", "paired", 4, TEMPLATES, True),
-    "random_answer": ArmSpec("random_answer", "random", 4, TEMPLATES, True),
-}
+from tests.support.arms import ARMS
 
 
 @pytest.fixture(scope="session")
