@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Start the services the tests talk to, each only if it is not already answering:
 # PostgreSQL (127.0.0.1:5432), Redis (127.0.0.1:6379), MariaDB (for slurmdbd) and the
-# single-node Slurm of slurm/dev-cluster. Idempotent; prints what it did.
+# single-node Slurm of slurm/dev-cluster; Debian's chromium for the dashboard's browser tests.
+# Idempotent; prints what it did.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,6 +29,13 @@ if ! (command -v redis-cli >/dev/null && redis-cli -h 127.0.0.1 -p 6379 ping >/d
   for _ in $(seq 30); do redis-cli -h 127.0.0.1 -p 6379 ping >/dev/null 2>&1 && break; sleep 0.5; done
 fi
 echo "services: redis $(redis-cli -h 127.0.0.1 -p 6379 ping)"
+
+# The dashboard's browser tests (tests/dashboard) drive Debian's chromium through Playwright;
+# nothing is downloaded at test time (never `playwright install`).
+if ! command -v chromium >/dev/null; then
+  echo "services: installing chromium (headless browser for the dashboard tests)"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+fi
 
 if [ -x slurm/dev-cluster/up.sh ] && [ "${GGPO_NO_SLURM:-0}" != 1 ]; then
   slurm/dev-cluster/up.sh

@@ -13,10 +13,12 @@ import os
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from ..errors import GgpoError
+
+if TYPE_CHECKING:  # torch is imported where a tensor is made: the suite (and the dashboard) load without it
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -146,11 +148,15 @@ class ByteSplit:
         for name, (lo, hi) in ranges.items():
             if hi - lo < min_range:
                 raise CorpusError(f"{corpus.id}: {name} range has {hi - lo} bytes, fewer than {min_range}")
+        import torch
+
         ids = torch.frombuffer(bytearray(corpus.data), dtype=torch.uint8).to(torch.int64)
         return cls(data=ids, ranges=ranges)
 
     def train_windows(self, gen: torch.Generator, batch: int, length: int) -> torch.Tensor:
         """`batch` random windows of `length` bytes from the train range: [batch, length]."""
+        import torch
+
         lo, hi = self.ranges["train"]
         starts = torch.randint(lo, hi - length + 1, (batch,), generator=gen)
         for s in starts.tolist():
