@@ -5,6 +5,12 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STATE="${GGPO_SLURM_STATE:-/var/tmp/ggpo-slurm}"
 CLUSTER="${GGPO_SLURM_CLUSTER:-ggpo-dev}"
 PARTITION="${GGPO_SLURM_PARTITION:-dev}"
+# NODES slurmd daemons on this one host (Slurm's multiple-slurmd mode: Debian builds slurmd with it),
+# named NODE_PREFIX1..NODE_PREFIXn, each on its own port from SLURMD_PORT0; every node declares
+# NODE_CPUS CPUs and NODE_GPUS GPUs.
+NODES="${GGPO_SLURM_NODES:-2}"
+NODE_PREFIX="${GGPO_SLURM_NODE_PREFIX:-ggpo-dev-n}"
+SLURMD_PORT0="${GGPO_SLURM_SLURMD_PORT:-17001}"  # 6817-6819 are slurmctld, slurmd, slurmdbd defaults
 NODE_CPUS="${GGPO_SLURM_CPUS:-16}"
 NODE_GPUS="${GGPO_SLURM_GPUS:-4}"
 NODE_MEM_MB="${GGPO_SLURM_MEM_MB:-16000}"
@@ -27,7 +33,10 @@ pid_alive() {  # pid_alive FILE: the process named in FILE is running
     [[ -s "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null
 }
 
-daemon_pidfile() {
+node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "$NODE_PREFIX$i"; done; }
+slurmd_daemons() { local n; for n in $(node_names); do echo "slurmd.$n"; done; }
+
+daemon_pidfile() {  # munged | slurmdbd | slurmctld | slurmd.<node> (one slurmd per node) | slurmd (before 2 nodes)
     case "$1" in
         munged) echo /run/munge/munged.pid ;;
         *) echo "$STATE/run/$1.pid" ;;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Stop the single-node dev Slurm. --wipe also deletes its state folder AND its accounting
+# Stop the dev Slurm (every node's slurmd, slurmctld, slurmdbd). --wipe also deletes its state folder AND its accounting
 # database (always together: a fresh state folder restarts job ids at 1, and old accounting rows
 # would then answer for new jobs).
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -10,7 +10,7 @@ for arg in "$@"; do
         *) die "unknown argument $arg (usage: down.sh [--wipe])" ;;
     esac
 done
-for d in slurmd slurmctld slurmdbd; do
+for d in $(slurmd_daemons) slurmctld slurmdbd; do
     if stop_daemon "$d"; then say "stopped $d"; else say "$d was not running"; fi
 done
 # munged is left running: other software on the machine may use it, and it holds no state of ours.

@@ -2,7 +2,7 @@
 # Print what runs of the dev Slurm and what it answers. Exit 0 only if the node is usable.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 ok=1
-for d in munged slurmdbd slurmctld slurmd; do
+for d in munged slurmdbd slurmctld $(slurmd_daemons); do
     if pid_alive "$(daemon_pidfile "$d")"; then say "$d running (pid $(cat "$(daemon_pidfile "$d")"))"
     else say "$d NOT running"; ok=0; fi
 done

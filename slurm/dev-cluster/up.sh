@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Start a real single-node Slurm 22.05 with 4 GPUs declared as generic resources (no hardware),
-# slurmdbd on MariaDB. Idempotent: installs only missing packages, rewrites the configs, restarts
+# Start a real two-node Slurm 22.05 on this host (one slurmd per node, Slurm's multiple-slurmd
+# mode), each node declaring 4 GPUs as generic resources (no hardware), slurmdbd on MariaDB. Idempotent: installs only missing packages, rewrites the configs, restarts
 # only what is down or whose config changed, and waits until the node is idle and sacct answers.
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 t0=$(date +%s.%N)
@@ -39,10 +39,11 @@ if [[ ! -d "$STATE/ctld" ]] && db_exists; then
 fi
 if [[ -d "$STATE/ctld" ]] && ! db_exists; then
     say "database $DB_NAME missing but state folder exists: wiping $STATE"
-    for d in slurmd slurmctld slurmdbd; do stop_daemon "$d" || true; done
+    for d in $(slurmd_daemons) slurmd slurmctld slurmdbd; do stop_daemon "$d" || true; done
     rm -rf "$STATE"
 fi
 mkdir -p "$STATE"/{ctld,d,run,log,etc,dev}
+for n in $(node_names); do mkdir -p "$STATE/d/$n"; done
 for ((i = 0; i < NODE_GPUS; i++)); do ln -sfn /dev/null "$STATE/dev/gpu$i"; done
 mysql_admin <<SQL
 CREATE DATABASE IF NOT EXISTS \`$DB_NAME\`;
@@ -53,8 +54,11 @@ GRANT ALL ON \`$DB_NAME\`.* TO '$DB_USER'@'127.0.0.1';
 SQL
 
 # 4. configs from the templates; the Slurm clients find them through /etc/slurm symlinks
+last_port=$((SLURMD_PORT0 + NODES - 1))
+if (( NODES == 1 )); then NODELIST="${NODE_PREFIX}1" PORTS="$SLURMD_PORT0"
+else NODELIST="${NODE_PREFIX}[1-$NODES]" PORTS="[$SLURMD_PORT0-$last_port]"; fi
 render() {
-    sed -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@HOST@|$HOST|g" -e "s|@STATE@|$STATE|g" \
+    sed -e "s|@NODELIST@|$NODELIST|g" -e "s|@PORTS@|$PORTS|g" -e "s|@CLUSTER@|$CLUSTER|g" -e "s|@HOST@|$HOST|g" -e "s|@STATE@|$STATE|g" \
         -e "s|@CPUS@|$NODE_CPUS|g" -e "s|@GPUS@|$NODE_GPUS|g" -e "s|@LAST_GPU@|$((NODE_GPUS - 1))|g" -e "s|@MEM_MB@|$NODE_MEM_MB|g" \
         -e "s|@PARTITION@|$PARTITION|g" -e "s|@DB_HOST@|$DB_HOST|g" -e "s|@DB_PORT@|$DB_PORT|g" \
         -e "s|@DB_USER@|$DB_USER|g" -e "s|@DB_PASS@|$DB_PASS|g" -e "s|@DB_NAME@|$DB_NAME|g" "$HERE/$1.in"
@@ -76,8 +80,16 @@ for f in slurm.conf gres.conf slurmdbd.conf; do
     fi
     ln -sfn "$STATE/etc/$f" "$ETC/$f"
 done
+# The node names must resolve (a job's first node is its torch MASTER_ADDR): all are this host.
+for n in $(node_names); do
+    if ! getent hosts "$n" >/dev/null; then
+        printf '127.0.0.1 %s  # ggpo dev-cluster\n' "$n" >> /etc/hosts
+        say "added $n to /etc/hosts (127.0.0.1)"
+    fi
+done
 if (( changed )); then
-    for d in slurmd slurmctld slurmdbd; do stop_daemon "$d" && say "stopped $d (config changed)" || true; done
+    # slurmd: the daemon of the single-node layout, if one is left from before
+    for d in $(slurmd_daemons) slurmd slurmctld slurmdbd; do stop_daemon "$d" && say "stopped $d (config changed)" || true; done
 fi
 
 # 5. daemons, in dependency order
@@ -111,17 +123,22 @@ if ! pid_alive "$STATE/run/slurmctld.pid"; then
     say "started slurmctld"
 fi
 wait_for 30 "slurmctld" scontrol ping
-if ! pid_alive "$STATE/run/slurmd.pid"; then
-    slurmd
-    say "started slurmd"
-fi
-node_idle() { [[ "$(sinfo -h -N -o %t -n "$HOST")" =~ ^(idle|mix|alloc)$ ]]; }
-if ! node_idle; then
-    # a node left DOWN/DRAIN by an earlier crash comes back
-    scontrol update nodename="$HOST" state=resume >/dev/null 2>&1 || true
-fi
-wait_for 30 "node $HOST to become idle" node_idle
+stop_daemon slurmd >/dev/null && say "stopped the slurmd of the single-node layout" || true
+for n in $(node_names); do
+    if ! pid_alive "$(daemon_pidfile "slurmd.$n")"; then
+        slurmd -N "$n"
+        say "started slurmd -N $n"
+    fi
+done
+node_idle() { [[ "$(sinfo -h -N -o %t -n "$1")" =~ ^(idle|mix|alloc)$ ]]; }
+for n in $(node_names); do
+    if ! node_idle "$n"; then
+        # a node left DOWN/DRAIN by an earlier crash comes back
+        scontrol update nodename="$n" state=resume >/dev/null 2>&1 || true
+    fi
+done
+for n in $(node_names); do wait_for 30 "node $n to become idle" node_idle "$n"; done
 wait_for 30 "sacct" sacct -n -X -S now
 t1=$(date +%s.%N)
-say "up: cluster $CLUSTER, node $HOST ($NODE_CPUS cpus, gpu:$NODE_GPUS), partition $PARTITION, state $STATE"
+say "up: cluster $CLUSTER, nodes $NODELIST on $HOST (each $NODE_CPUS cpus, gpu:$NODE_GPUS), partition $PARTITION, state $STATE"
 say "ready in $(printf '%.1f' "$(echo "$t1 - $t0" | bc 2>/dev/null || python3 -c "print($t1-$t0)")") s"
