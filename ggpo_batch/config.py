@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import ConfigError
+from .heartbeat import HUNG_AFTER_SECONDS
 
 # The checkout the package runs from (profiles, jobs, migrations live beside the package).
 REPO_DIR = Path(__file__).resolve().parent.parent
@@ -115,6 +116,10 @@ class Settings:
     # Fault injection for the fault suite: seconds a worker sleeps at a named point of a submission
     # (GGPO_FAULT_PAUSE="after_submit=30"), so a test can SIGKILL it exactly there.
     fault_pause: tuple[tuple[str, float], ...] = ()
+    # A running attempt whose heartbeat (ggpo_batch/heartbeat.py) is older than this is flagged hung.
+    hung_after_seconds: float = HUNG_AFTER_SECONDS
+    # MLflow tracking store (ggpo_batch/tracking.py), e.g. sqlite:///path/mlflow.db; None: no tracking.
+    mlflow_uri: str | None = None
 
     @property
     def jobs_dir(self) -> Path:
@@ -158,7 +163,53 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         user_gpu_hours_cap=_float(env, "GGPO_USER_GPU_HOURS_CAP"),
         queue_gpu_hours_cap=_float(env, "GGPO_QUEUE_GPU_HOURS_CAP"),
         fault_pause=_fault_pause(env.get("GGPO_FAULT_PAUSE", "")),
+        hung_after_seconds=_hung_after(env),
+        mlflow_uri=mlflow_uri(env),
     )
+
+
+# The environment a training job reads too (the allocation inherits the worker's environment).
+MLFLOW_URI_ENV = "GGPO_MLFLOW_URI"
+HUNG_AFTER_ENV = "GGPO_HUNG_AFTER_SECONDS"
+
+
+def mlflow_uri(env: Mapping[str, str] | None = None) -> str | None:
+    """The MLflow tracking URI from `env` (default: os.environ), or None: tracking off."""
+    env = os.environ if env is None else env
+    uri = env.get(MLFLOW_URI_ENV, "").strip() or None
+    if uri:
+        _remember_password(uri)  # a database store's password never reaches output
+    return uri
+
+
+def _hung_after(env: Mapping[str, str]) -> float:
+    value = _float(env, HUNG_AFTER_ENV)
+    if value is None:
+        return HUNG_AFTER_SECONDS
+    if value <= 0:
+        raise ConfigError(f"{HUNG_AFTER_ENV}={env[HUNG_AFTER_ENV]!r}: must be > 0 (seconds)")
+    return value
+
+
+# The token every request to a dashboard (ggpo-batch dashboard) must carry; required off 127.0.0.1.
+DASHBOARD_TOKEN_ENV = "GGPO_DASHBOARD_TOKEN"
+DASHBOARD_TOKEN_MIN_LENGTH = 16
+
+
+def dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
+    """The dashboard's token from `env` (default: os.environ), or None if unset; remembered like a
+    password, so `redact` hides it wherever it would appear."""
+    import re
+
+    env = os.environ if env is None else env
+    token = env.get(DASHBOARD_TOKEN_ENV, "").strip()
+    if not token:
+        return None
+    if len(token) < DASHBOARD_TOKEN_MIN_LENGTH or not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", token):
+        raise ConfigError(f"{DASHBOARD_TOKEN_ENV}: must be at least {DASHBOARD_TOKEN_MIN_LENGTH} characters of "
+                          f"letters, digits and ._~+/=- (e.g. `openssl rand -hex 24`)")
+    _PASSWORDS.add(token)
+    return token
 
 
 FAULT_POINTS = ("before_submit", "after_submit", "after_cost_check")

@@ -125,7 +125,8 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: 
     if limit is None:
         limit = 20 if attention else None
     it = iter_experiment_status(led, experiment=experiment, states=states or None, attention=attention,
-                                limit=limit or None, positions=None if app.settings.inline_queue else _positions(app))
+                                limit=limit or None, positions=None if app.settings.inline_queue else _positions(app),
+                                hung_after=app.settings.hung_after_seconds)
     wants_decided = not states or "not_reproduced" in states
     if as_json:
         _stream_json(it, lambda: decided_experiments(led, experiment=experiment) if wants_decided else [])

@@ -10,6 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..reporting.status import state_label
+
 
 def _f(v: Any, digits: int = 3) -> str:
     if v is None:
@@ -53,7 +55,7 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
                 note.append("budget/exposure short: not matched")
             if r.get("cause"):
                 note.append(escape(str(r["cause"])[:60]))
-            state = f"{r['state']}, audit failed" if r.get("audit_failed") else r["state"]
+            state = state_label(r)  # a running run's progress, or its stopped heartbeat
             t.add_row(r["arm"], str(r["seed"]), state, str(r["attempts"]), _f(r["steps"]),
                       _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), _f(r.get("estimated_gpu_hours"), 3),
                       "; ".join(note))
@@ -72,6 +74,9 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
                           f"(ggpo-batch status -e {exp['experiment']} --runs --limit 0 lists every run)", markup=False)
         elif exp.get("view") == "attention" and not exp["runs"]:
             console.print("  nothing needs a look: every run ended cleanly (--runs lists them)", markup=False)
+        if exp.get("hung_runs"):
+            console.print(f"  {exp['hung_runs']} running run(s) with a stopped heartbeat: hung? "
+                          f"(ggpo-batch logs RUN_KEY -f shows what they last wrote)", markup=False)
         for d in exp.get("decisions", []):
             console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}",
                           markup=False)

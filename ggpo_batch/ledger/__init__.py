@@ -10,11 +10,12 @@ from .component_runs import ComponentRecords
 from .core import NewRun
 from .costs import CostRecords
 from .db import connect, current_revision, downgrade, head_revision, upgrade
+from .heartbeats import HeartbeatRecords
 from .runs import RunTransitions
 from .summaries import RunSummaries
 
 
-class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries):
+class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords):
     """The ledger on one database. Cheap to create; holds only an engine.
 
     Every public method is one transaction and is retried while the database is unreachable,

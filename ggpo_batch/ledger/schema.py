@@ -132,6 +132,15 @@ class Attempt(Base):
     gpu_hours_job: Mapped[float | None] = mapped_column(Float)
     gpu_hours_scheduler: Mapped[float | None] = mapped_column(Float)
     exit_code: Mapped[str | None] = mapped_column(String(32))
+    # The job's last heartbeat (ggpo_batch/heartbeat.py), copied by reconcile while it runs
+    # (migration 0004): an observation, not a transition, so no event row. `heartbeat_at` is
+    # the job's own time of writing it.
+    heartbeat_step: Mapped[int | None] = mapped_column(Integer)
+    heartbeat_loop_seconds: Mapped[float | None] = mapped_column(Float)
+    heartbeat_budget_seconds: Mapped[float | None] = mapped_column(Float)
+    heartbeat_mean_reward: Mapped[float | None] = mapped_column(Float)
+    heartbeat_tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    heartbeat_at: Mapped[datetime | None] = mapped_column()
 
     run: Mapped[Run] = relationship(back_populates="attempts")
 

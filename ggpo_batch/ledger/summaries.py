@@ -14,6 +14,7 @@ from ..accounting import disagrees_clause
 from ..run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED
 from ..states import RECORD_RUN_STATES
 from .core import LedgerCore
+from .heartbeats import HUNG_SINCE
 from .schema import Attempt, Run
 
 # The record's stamps, read in SQL (both backends extract JSON paths through SQLAlchemy's JSON type).
@@ -94,7 +95,7 @@ class RunSummaries(LedgerCore):
                 st = [x for x in group if wanted is None or x in wanted]
                 if not st or left == 0:
                     continue
-                q = self._runs_query(experiment_id, st).order_by(Run.id)
+                q = self._runs_query(experiment_id, st).order_by(*_group_order(group))
                 for run in self._paged(s, q, left):
                     yield run
                     left = None if left is None else left - 1
@@ -133,5 +134,14 @@ class RunSummaries(LedgerCore):
             s.expunge_all()
 
 
-# The order attention runs are shown in: what went wrong first, then what is in flight, then waiting.
-_ATTENTION_ORDER = (("failed", "lost", "timeout"), ("running", "submitted"), ("queued",))
+# The order attention runs are shown in: what went wrong first, then what is in flight (the running
+# run silent the longest first: a hung job leads), then waiting.
+_ATTENTION_ORDER = (("failed", "lost", "timeout"), ("running",), ("submitted",), ("queued",))
+
+
+def _group_order(group: tuple[str, ...]) -> tuple:  # type: ignore[type-arg]
+    if group != ("running",):
+        return (Run.id,)
+    silent_since = (select(func.min(HUNG_SINCE)).where(Attempt.run_id == Run.id, Attempt.state == "running")
+                    .correlate(Run).scalar_subquery())
+    return (silent_since.asc().nulls_last(), Run.id)

@@ -8,12 +8,16 @@ does not grow with the ledger.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting import attempt_gpu_hours, disagrees
+from ..heartbeat import HUNG_AFTER_SECONDS, is_hung
 from ..ledger import Ledger
+from ..ledger.heartbeats import attempt_heartbeat
 from ..ledger.schema import Attempt, Run
 from ..ledger.summaries import ArmTotals
 from ..run_record import audit_failed, budget_reconciled
@@ -24,8 +28,11 @@ def _attempt_cost(a: Attempt) -> float | None:
     return attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler)
 
 
-def run_row(run: Run, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One status row. GPU-hours sum every attempt, so the cost of a retry stays visible."""
+def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float = HUNG_AFTER_SECONDS,
+            now: float | None = None) -> dict[str, Any]:
+    """One status row. GPU-hours sum every attempt, so the cost of a retry stays visible. The
+    last attempt's heartbeat (None before its first) and, for a running run, how long it has been
+    silent and whether that makes it hung (`heartbeat.is_hung`, `hung_after` seconds)."""
     atts = list(run.attempts)
     costs = [_attempt_cost(a) for a in atts]
     spent = [c for c in costs if c is not None]
@@ -54,9 +61,43 @@ def run_row(run: Run, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "audit_failed": audit_failed(run.result),
         "budget_reconciled": budget_reconciled(run.result) if run.result else None,
     }
+    row.update(_liveness(run, last, hung_after, time.time() if now is None else now))
     if extra:
         row.update(extra)
     return row
+
+
+def _liveness(run: Run, last: Attempt | None, hung_after: float, now: float) -> dict[str, Any]:
+    hb = attempt_heartbeat(last) if last is not None else None
+    heartbeat = {**hb.to_dict(), "age_seconds": max(0.0, now - hb.updated_at)} if hb else None
+    silent = hung = None
+    if run.state == "running" and last is not None and last.state == "running":
+        since = hb.updated_at if hb else (last.started_at.timestamp() if last.started_at else None)
+        silent = max(0.0, now - since) if since is not None else None
+        hung = is_hung(since, now, hung_after)
+    return {"heartbeat": heartbeat, "silent_seconds": silent, "hung": bool(hung)}
+
+
+def state_label(row: dict[str, Any]) -> str:
+    """A run's state as `status` and the dashboard print it: a running run with its progress
+    (`running  step 41  1830/2700 s`), or flagged when its heartbeat stopped."""
+    state, hb = row["state"], row.get("heartbeat")
+    if state != "running":
+        return f"{state}, audit failed" if row.get("audit_failed") else state
+    if row.get("hung"):
+        ago = _duration(row.get("silent_seconds") or 0.0)
+        return f"running, heartbeat stopped {ago} ago" if hb else f"running, no heartbeat {ago} after start"
+    if not hb:
+        return "running"
+    return f"running  step {hb['step']}  {hb['loop_seconds']:.0f}/{hb['budget_seconds']:.0f} s"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _totals(cells: Sequence[ArmTotals]) -> dict[str, Any]:
@@ -75,14 +116,16 @@ Positions = Callable[[str, "list[str] | None"], dict[str, dict[str, Any]]]
 
 
 def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, states: Iterable[str] | None = None,
-                           attention: bool = False, limit: int | None = None,
-                           positions: Positions | None = None) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
+                           attention: bool = False, limit: int | None = None, positions: Positions | None = None,
+                           hung_after: float = HUNG_AFTER_SECONDS) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
     """Per experiment version: its summary (per-arm and experiment totals computed in SQL over the
     runs in `states`) and an iterator of its run rows: every run, or with `attention` those that
     need a look, `limit` at most. Totals (and the estimate) cover the runs in `states`. Rows are read a page at a time, so a listing of every run
     streams. `positions(queue, run_keys or None for all)` says where Redis has queued runs; it is
-    called only when a shown run is queued."""
+    called only when a shown run is queued. A running run silent for more than `hung_after` seconds
+    is flagged hung (row "hung"; summary "hung_runs") and listed first among the running."""
     wanted = list(states) if states else None
+    now = time.time()
     exps = ledger.experiments(experiment)
     cells_of: dict[int, list[ArmTotals]] = defaultdict(list)
     for c in ledger.arm_totals([e.id for e in exps], states=wanted):
@@ -110,28 +153,32 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "totals": _totals(cells),
             "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells),  # of the runs in view
             "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
+            "hung_runs": ledger.hung_count(exp.id, cutoff=datetime.fromtimestamp(now - hung_after, tz=UTC))
+            if any(c.state == "running" for c in cells) else 0,
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
         }
         present = sorted({c.state for c in cells})  # no query for a state the experiment has no run in
         runs = ledger.status_runs(exp.id, states=present, attention=attention, limit=limit)
-        yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None)
+        live = {"hung_after": hung_after, "now": now}
+        yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None, live=live)
 
 
-def _rows(runs: Iterator[Run], queue: str, positions: Positions | None, *, bounded: bool) -> Iterator[dict[str, Any]]:
+def _rows(runs: Iterator[Run], queue: str, positions: Positions | None, *, bounded: bool,
+          live: dict[str, Any]) -> Iterator[dict[str, Any]]:
     if positions is None:
-        yield from (run_row(r) for r in runs)
+        yield from (run_row(r, **live) for r in runs)
         return
     if bounded:  # a page: ask Redis about exactly its queued runs
         page = list(runs)
         queued = [r.run_key for r in page if r.state == "queued"]
         extra = positions(queue, queued) if queued else {}
-        yield from (run_row(r, extra.get(r.run_key)) for r in page)
+        yield from (run_row(r, extra.get(r.run_key), **live) for r in page)
         return
     extra_all: dict[str, dict[str, Any]] | None = None  # every run: read Redis' id lists once
     for r in runs:
         if r.state == "queued" and extra_all is None:
             extra_all = positions(queue, None)
-        yield run_row(r, (extra_all or {}).get(r.run_key))
+        yield run_row(r, (extra_all or {}).get(r.run_key), **live)
 
 
 def experiment_status(ledger: Ledger, **kwargs: Any) -> list[dict[str, Any]]:
