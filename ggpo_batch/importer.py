@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy.exc import IntegrityError
 
-from . import limits
+from . import limits, progress
 from .errors import RecordError
 from .ledger import Ledger, NewRun
 from .ledger.schema import utcnow
@@ -91,8 +91,20 @@ def import_results(ledger: Ledger, path: str | Path, *, actor: str, name: str | 
                    method: str = "ggpo") -> ImportReport:
     """Import `path`; return what happened. Raises RecordError listing every broken record."""
     path = Path(path)
-    data, raw = _load(path)
-    problems = check_results_file(data) + _identity_problems(data)
+    with progress.task(f"import {path.name}", total=3) as shown:  # read, check, write
+        shown.note("reading")
+        data, raw = _load(path)
+        shown.advance(note=f"checking {len(data) if isinstance(data, dict) else 0} record(s)")
+        problems = check_results_file(data) + _identity_problems(data)
+        shown.advance(note="writing" if not problems else f"{len(problems)} problem(s)")
+        report = _import_checked(ledger, path, data, raw, problems, actor=actor, name=name, method=method)
+        shown.advance(note=f"{report.runs} run(s) as {report.experiment} v{report.version}"
+                      + ("" if report.created else " (already imported: nothing changed)"))
+        return report
+
+
+def _import_checked(ledger: Ledger, path: Path, data: Any, raw: bytes, problems: list[str], *, actor: str,
+                    name: str | None, method: str) -> ImportReport:
     if problems:
         shown = "; ".join(problems[:10]) + (f"; ... {len(problems) - 10} more" if len(problems) > 10 else "")
         raise RecordError(f"{path}: {len(problems)} problem(s), nothing imported: {shown}")

@@ -20,6 +20,7 @@ from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
+from . import progress
 from .config import MEMORY_REDIS, redact
 from .errors import QueueError
 
@@ -83,15 +84,17 @@ class RunQueue:
 
     def enqueue(self, run_keys: Sequence[str]) -> int:
         """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued."""
+        if self.inline:  # each job runs now, in this process, one after the other
+            with progress.task("runs", total=len(run_keys)) as shown:
+                for key in run_keys:
+                    self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
+                                            result_ttl=RESULT_TTL, description=key)
+                    shown.watch(None)
+                    shown.advance()
+            return len(run_keys)
         n = 0
         for i in range(0, len(run_keys), CHUNK):
             chunk = run_keys[i:i + CHUNK]
-            if self.inline:
-                for key in chunk:  # inline: each job runs now, in this process
-                    self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
-                                            result_ttl=RESULT_TTL, description=key)
-                n += len(chunk)
-                continue
             with self.connection.pipeline() as pipe:
                 self.queue.enqueue_many([self._data(k, k) for k in chunk], pipeline=pipe)  # type: ignore[list-item]
                 pipe.execute()

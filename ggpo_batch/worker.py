@@ -19,6 +19,7 @@ from typing import Any
 from rq import Queue, Worker, get_current_job
 from rq.serializers import JSONSerializer
 
+from . import progress
 from .allocation import attempt_folder
 from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
@@ -90,6 +91,10 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         log.info("run %s not submitted: %s", run_key, exc.message)
         return {"run_key": run_key, "skipped": exc.message}
     folder = attempt_folder(settings.jobs_dir, run_key, att.number)
+    shown = progress.current()
+    if shown is not None:
+        shown.note(f"{run_key} attempt {att.number}")
+        shown.watch(folder)
     executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
     fault_pause(settings, "before_submit")
     # Fence: a work horse outlives its SIGKILLed worker, and reconcile may meanwhile have settled
@@ -119,6 +124,8 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         info = executor.wait_final(job_id)
         run = ledger.get_run(run_key)
         out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
+        if shown is not None:
+            shown.note(f"{run_key} {out['state']}", show=False)  # the caller's advance() shows it
     return out
 
 
@@ -132,6 +139,16 @@ class GgpoWorker(Worker):
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
+
+    def execute_job(self, job: Any, queue: Queue) -> Any:
+        shown = progress.current()
+        if shown is not None:
+            shown.note(f"{job.description or job.id}")
+        try:
+            return super().execute_job(job, queue)
+        finally:
+            if shown is not None:
+                shown.advance(note=f"{job.description or job.id} submitted; {queue.count} waiting")
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
@@ -166,12 +183,16 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     # are still waiting (each pass moves the ones now due from the schedule to the queue).
     deadline = time.monotonic() + settle_timeout
     worked = False
-    while True:
-        worked = worker.work(burst=True, with_scheduler=True) or worked
-        wait_settled(settings, queues, timeout=max(1.0, deadline - time.monotonic()), actor=f"reconcile@{worker.name}")
-        if not _has_queued_runs(settings, queues) or time.monotonic() > deadline:
-            return worked
-        time.sleep(min(settings.defer_seconds, 5))
+    with progress.task("worker: runs taken") as shown:
+        while True:
+            worked = worker.work(burst=True, with_scheduler=True) or worked
+            shown.note("queue drained; waiting for the runs to end")
+            wait_settled(settings, queues, timeout=max(1.0, deadline - time.monotonic()),
+                         actor=f"reconcile@{worker.name}")
+            if not _has_queued_runs(settings, queues) or time.monotonic() > deadline:
+                return worked
+            shown.note("runs deferred by the quota are due: taking them")
+            time.sleep(min(settings.defer_seconds, 5))
 
 
 def _warm(ledger: Ledger) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from .. import progress
 from .app import FINITE_VALUE, NAME_VALUE, RUN_KEY_VALUE, TEXT_VALUE, WORKER_VALUE, App, cli, echo_json, pass_app
 
 
@@ -64,9 +65,10 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
     if accept_cost and not (reason and reason.strip()):
         raise click.UsageError("--accept-cost needs --reason TEXT")
     spec = load_spec(spec_file)
-    res = enqueue_spec(app.ledger(), app.settings, spec, arms=_csv(arms), seeds=_seeds(seeds), queue=queue,
-                       dry_run=dry_run, new_version=new_version, accept_cost_reason=reason if accept_cost else None,
-                       actor=app.settings.user)
+    with progress.shown():  # the embedded queue (memory://) runs every job here: show them
+        res = enqueue_spec(app.ledger(), app.settings, spec, arms=_csv(arms), seeds=_seeds(seeds), queue=queue,
+                           dry_run=dry_run, new_version=new_version,
+                           accept_cost_reason=reason if accept_cost else None, actor=app.settings.user)
     est = {e.run_key: e for e in res.estimate.runs} if res.estimate else {}
     if as_json:
         echo_json({"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
@@ -117,8 +119,13 @@ def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, rec
     if app.settings.inline_queue:
         raise click.UsageError("GGPO_REDIS_URL=memory:// runs jobs inside `enqueue`; a worker needs a Redis server")
     app.ledger()  # refuse a schema that is behind before taking any job
-    run_worker(app.settings, list(queues) or [app.settings.queue], burst=burst, name=name,
-               reconcile_interval=reconcile_interval)
+    if not burst:  # a long-lived worker logs; a burst worker is watched by someone waiting for it
+        run_worker(app.settings, list(queues) or [app.settings.queue], burst=False, name=name,
+                   reconcile_interval=reconcile_interval)
+        return
+    with progress.shown():
+        run_worker(app.settings, list(queues) or [app.settings.queue], burst=True, name=name,
+                   reconcile_interval=reconcile_interval)
 
 
 @cli.command()
@@ -187,7 +194,8 @@ def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_
     app.ledger()
     names = list(queues) or [app.settings.queue]
     if wait:
-        left = wait_settled(app.settings, names, timeout=timeout, actor=f"reconcile@{app.settings.user}")
+        with progress.shown():
+            left = wait_settled(app.settings, names, timeout=timeout, actor=f"reconcile@{app.settings.user}")
         if left:
             raise click.ClickException(f"{left} attempt(s) still active after {timeout:.0f} s")
     rep = reconcile_now(app.settings, names, actor=f"reconcile@{app.settings.user}")

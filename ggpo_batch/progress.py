@@ -1,0 +1,209 @@
+"""Progress of long CLI work: a live bar on a terminal (rich), plain lines otherwise, nothing at all
+unless a command asked for it.
+
+Library code (the inline queue, the worker, the importer, reconcile's wait) reports through
+`task()`; only the CLI turns a display on (`shown()`), on stderr, so `--json` output on stdout
+stays clean and tests, jobs and workers without a display pay nothing. A task may `watch` an
+attempt folder: the run's heartbeat (step, loop seconds of the budget) is read from it while the
+task waits, so a run that takes an hour shows where it is.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+PLAIN_INTERVAL_S = 30.0  # a plain line at most this often while nothing else happens
+LIVE_INTERVAL_S = 1.0
+
+
+class Task:
+    """One piece of long work: `total` units (None: unknown), a current note, an optional watched folder."""
+
+    def __init__(self, display: _Display | None, description: str, total: int | None) -> None:
+        self._display, self.description, self.total = display, description, total
+        self.done = 0
+        self.note_text = ""
+        self.since = time.monotonic()
+        self.watched: Path | None = None
+
+    def advance(self, n: int = 1, note: str | None = None) -> None:
+        """`n` more units done; shown at once with `note` (else the current note)."""
+        self.done += n
+        if note is not None:
+            self._set(note)
+        if self._display is not None:
+            self._display.changed(self, line=self.note_text or "done")
+
+    def note(self, text: str, *, show: bool = True) -> None:
+        """What the task is doing now; `show=False` keeps it for the next line instead of printing it."""
+        self._set(text)
+        if show and self._display is not None:
+            self._display.changed(self, line=text)
+
+    def _set(self, text: str) -> None:
+        self.note_text, self.since = text, time.monotonic()
+
+    def watch(self, folder: Path | None) -> None:
+        """Show the heartbeat written in `folder` (an attempt folder) while this task waits."""
+        self.watched = folder
+
+    def status_text(self) -> str:
+        """The note, and the watched run's heartbeat (or, before its first one, how long it has waited)."""
+        beat = heartbeat_text(self.watched) if self.watched is not None else ""
+        if self.watched is not None and not beat:
+            beat = f"(no heartbeat yet, {time.monotonic() - self.since:.0f} s)"
+        return " ".join(p for p in (self.note_text, beat) if p)
+
+
+def heartbeat_text(folder: Path) -> str:
+    """`step 41  1830/2700 s` from an attempt folder's heartbeat; empty before the first one."""
+    try:
+        from .heartbeat import read_heartbeat
+    except ImportError:  # pragma: no cover - the heartbeat module ships with the package
+        return ""
+    hb = read_heartbeat(folder)
+    if hb is None:
+        return ""
+    return f"step {hb.step}  {hb.loop_seconds:.0f}/{hb.budget_seconds:.0f} s"
+
+
+class _Display:
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+        self.tasks: list[Task] = []
+
+    def begin(self, task: Task) -> None:
+        self.tasks.append(task)
+
+    def end(self, task: Task) -> None:
+        self.tasks.remove(task)
+
+    def changed(self, task: Task, line: str | None) -> None:  # pragma: no cover - overridden
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Plain(_Display):
+    """Not a terminal (CI logs, `| tee`): a line per event, and the watched heartbeat now and then."""
+
+    def __init__(self, stream: IO[str], interval: float = PLAIN_INTERVAL_S) -> None:
+        super().__init__(stream)
+        self.interval = interval
+        self._last = time.monotonic()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="ggpo-progress", daemon=True)
+        self._ticker.start()
+
+    def _emit(self, task: Task, text: str) -> None:
+        count = f" {task.done}/{task.total}" if task.total is not None else (f" {task.done}" if task.done else "")
+        print(f"{task.description}{count}: {text}" if text else f"{task.description}{count}",
+              file=self.stream, flush=True)
+        self._last = time.monotonic()
+
+    def begin(self, task: Task) -> None:
+        super().begin(task)
+        self._emit(task, "started")
+
+    def changed(self, task: Task, line: str | None) -> None:
+        if line:
+            self._emit(task, line)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(min(self.interval, 5.0)):
+            if time.monotonic() - self._last < self.interval:
+                continue
+            for task in list(self.tasks):
+                if task.watched is not None or task.note_text:
+                    self._emit(task, task.status_text())
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class _Live(_Display):
+    """A terminal: one rich bar per task, redrawn every second (the heartbeat read on each redraw)."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        super().__init__(stream)
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bars = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                             TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+                             console=Console(file=stream), refresh_per_second=1 / LIVE_INTERVAL_S, transient=False)
+        self.ids: dict[int, Any] = {}
+        self.bars.start()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, name="ggpo-progress", daemon=True)
+        self._ticker.start()
+
+    def begin(self, task: Task) -> None:
+        super().begin(task)
+        self.ids[id(task)] = self.bars.add_task(task.description, total=task.total, status="")
+
+    def end(self, task: Task) -> None:
+        super().end(task)
+        self._update(task)
+
+    def _update(self, task: Task) -> None:
+        tid = self.ids.get(id(task))
+        if tid is not None:
+            self.bars.update(tid, completed=task.done, status=task.status_text())
+
+    def changed(self, task: Task, line: str | None) -> None:
+        self._update(task)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(LIVE_INTERVAL_S):
+            for task in list(self.tasks):
+                self._update(task)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.bars.stop()
+
+
+_display: _Display | None = None
+
+
+@contextmanager
+def shown(stream: IO[str] | None = None, *, live: bool | None = None) -> Iterator[None]:
+    """Turn the display on for the duration of a command: live bars when `stream` (stderr by
+    default) is a terminal, plain lines otherwise."""
+    global _display
+    stream = stream or sys.stderr
+    if live is None:
+        live = stream.isatty()
+    previous, _display = _display, (_Live(stream) if live else _Plain(stream))
+    try:
+        yield
+    finally:
+        _display.close()
+        _display = previous
+
+
+def current() -> Task | None:
+    """The innermost task being shown, for code deep in a task's work to add what it knows."""
+    return _display.tasks[-1] if _display is not None and _display.tasks else None
+
+
+@contextmanager
+def task(description: str, total: int | None = None) -> Iterator[Task]:
+    """Report a piece of long work; silent unless a command turned the display on."""
+    t = Task(_display, description, total)
+    display = _display
+    if display is not None:
+        display.begin(t)
+    try:
+        yield t
+    finally:
+        if display is not None:
+            display.end(t)
