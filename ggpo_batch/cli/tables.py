@@ -21,6 +21,12 @@ def _f(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
+def _shape(exp: dict[str, Any]) -> str:
+    """`4 GPUs`, or `2 nodes x 4 GPUs` (status JSON: `nodes`, `gpus` per node)."""
+    nodes = exp.get("nodes", 1)
+    return f"{exp['gpus']} GPUs" if nodes == 1 else f"{nodes} nodes x {exp['gpus']} GPUs"
+
+
 def print_status(experiments: Sequence[dict[str, Any]], console: Console | None = None) -> None:
     console = console or Console(width=None if sys.stdout.isatty() else 160)
     if not experiments:
@@ -28,7 +34,7 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
         return
     for exp in experiments:
         t = Table(title=f"{exp['experiment']} v{exp['version']}  ({exp['method']}, {exp['source']}, "
-                        f"{exp['gpus']} GPUs/run)", title_justify="left")
+                        f"{_shape(exp)}/run)", title_justify="left")
         for col, just in (("arm", "left"), ("seed", "right"), ("state", "left"), ("attempts", "right"),
                           ("steps", "right"), ("elapsed s", "right"), ("alloc GPU-h", "right"), ("est GPU-h", "right"),
                           ("note", "left")):
@@ -75,8 +81,8 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
         elif exp.get("view") == "attention" and not exp["runs"]:
             console.print("  nothing needs a look: every run ended cleanly (--runs lists them)", markup=False)
         if exp.get("hung_runs"):
-            console.print(f"  {exp['hung_runs']} running run(s) with a stopped heartbeat: hung? "
-                          f"(ggpo-batch logs RUN_KEY -f shows what they last wrote)", markup=False)
+            console.print(f"  {exp['hung_runs']} running run(s) silent for over {exp['hung_after_seconds']:.0f} s: hung? "
+                          f"(ggpo-batch logs RUN_KEY shows what they last wrote)", markup=False)
         for d in exp.get("decisions", []):
             console.print(f"  decision: {d['kind']} by {d['decided_by']}: {d.get('resolution') or d.get('reason')}",
                           markup=False)

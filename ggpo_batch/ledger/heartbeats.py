@@ -44,7 +44,8 @@ class HeartbeatRecords(LedgerCore):
         if not beats:
             return
         t = Attempt.__table__
-        stmt = (update(t).where(t.c.id == bindparam("att_id"), t.c.state.in_(sorted(LIVE_JOB_ATTEMPT_STATES)),
+        live = or_(*(t.c.state == st for st in sorted(LIVE_JOB_ATTEMPT_STATES)))  # no IN: executemany
+        stmt = (update(t).where(t.c.id == bindparam("att_id"), live,
                                 or_(t.c.heartbeat_at.is_(None), t.c.heartbeat_at < bindparam("at")))
                 .values(heartbeat_step=bindparam("step"), heartbeat_loop_seconds=bindparam("loop"),
                         heartbeat_budget_seconds=bindparam("budget"), heartbeat_mean_reward=bindparam("reward"),

@@ -115,6 +115,19 @@ def _totals(cells: Sequence[ArmTotals]) -> dict[str, Any]:
 Positions = Callable[[str, "list[str] | None"], dict[str, dict[str, Any]]]
 
 
+def _nodes(ledger: Ledger, ids: list[int]) -> dict[int, int]:
+    """Nodes per run of each experiment, from its spec (which omits `nodes` at 1): for `nodes x GPUs`."""
+    from sqlalchemy import select
+
+    from ..ledger.schema import Experiment
+
+    if not ids:
+        return {}
+    with ledger.session() as s:
+        rows = s.execute(select(Experiment.id, Experiment.spec).where(Experiment.id.in_(ids))).all()
+    return {i: int((spec or {}).get("nodes", 1)) if isinstance(spec, dict) else 1 for i, spec in rows}
+
+
 def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, states: Iterable[str] | None = None,
                            attention: bool = False, limit: int | None = None, positions: Positions | None = None,
                            hung_after: float = HUNG_AFTER_SECONDS) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
@@ -130,6 +143,7 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
     cells_of: dict[int, list[ArmTotals]] = defaultdict(list)
     for c in ledger.arm_totals([e.id for e in exps], states=wanted):
         cells_of[c.experiment_id].append(c)
+    nodes_of = _nodes(ledger, [e.id for e in exps])
     for exp in exps:
         cells = cells_of[exp.id]
         if wanted is not None and not cells:
@@ -145,7 +159,8 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "method": exp.method,
             "source": exp.source,
             "queue": exp.queue,
-            "gpus": exp.gpus,
+            "gpus": exp.gpus,  # per node
+            "nodes": nodes_of.get(exp.id, 1),
             "max_gpu_hours": exp.max_gpu_hours,
             "view": "attention" if attention else "runs",
             "runs_not_shown": max(0, listed - limit) if limit is not None else 0,
@@ -155,6 +170,7 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
             "hung_runs": ledger.hung_count(exp.id, cutoff=datetime.fromtimestamp(now - hung_after, tz=UTC))
             if any(c.state == "running" for c in cells) else 0,
+            "hung_after_seconds": hung_after,
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
         }
         present = sorted({c.state for c in cells})  # no query for a state the experiment has no run in
