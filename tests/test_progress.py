@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from ggpo_batch import progress
+from ggpo_batch.heartbeat import Heartbeat, write_heartbeat
 from tests.support.paths import REPO
 
 
@@ -57,6 +58,24 @@ def test_plain_ticker_reports_a_watched_attempt_that_has_no_heartbeat_yet(tmp_pa
     assert "runs 0/1: exp-v1-1-clean attempt 1 (no heartbeat yet" in out.getvalue()
 
 
+def test_plain_ticker_shows_the_watched_heartbeat(tmp_path: Path) -> None:
+    write_heartbeat(tmp_path, Heartbeat(step=41, loop_seconds=1830.4, budget_seconds=2700, mean_reward=0.5,
+                                        tokens_per_second=900.0, updated_at=time.time()))
+    out = io.StringIO()
+    display = progress._Plain(out, interval=0.05)
+    try:
+        task = progress.Task(display, "runs", 3)
+        display.begin(task)
+        task.note("exp-v1-2-paired attempt 1")
+        task.watch(tmp_path)
+        deadline = time.monotonic() + 10
+        while "step 41" not in out.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        display.close()
+    assert "runs 0/3: exp-v1-2-paired attempt 1 step 41  1830/2700 s" in out.getvalue().splitlines()
+
+
 def test_live_bar_draws_the_task_with_its_count() -> None:
     out = io.StringIO()
     with progress.shown(out, live=True):
@@ -88,4 +107,5 @@ def test_inline_enqueue_shows_each_run_as_it_ends(tmp_path: Path) -> None:
     assert "runs 0/2: progress-demo-v1-1-clean attempt 1" in lines
     assert "runs 1/2: progress-demo-v1-1-clean succeeded" in lines
     assert "runs 2/2: progress-demo-v1-1-paired succeeded" in lines
-    assert "2 run(s) queued" in proc.stdout and "runs " not in proc.stdout
+    assert "2 run(s) queued" in proc.stdout
+    assert not [line for line in proc.stdout.splitlines() if line.startswith("runs ")]
