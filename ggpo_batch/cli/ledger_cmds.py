@@ -81,7 +81,10 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
     """
     from ..importer import import_results
 
-    rep = import_results(app.ledger(), file, actor=app.settings.user, name=name, method=method)
+    from .. import progress
+
+    with progress.shown():
+        rep = import_results(app.ledger(), file, actor=app.settings.user, name=name, method=method)
     if as_json:
         echo_json(rep.__dict__)
         return
