@@ -1,7 +1,8 @@
 """GPU-hour accounting: what an attempt cost, by the job's own clock and by the scheduler's.
 
-allocated GPU-hours = gpus x elapsed_seconds / 3600, from allocation start to end (through
-evaluation); queue time is never GPU time. The ledger keeps both figures; they must agree.
+allocated GPU-hours = nodes x GPUs per node x elapsed_seconds / 3600, from allocation start to end
+(through evaluation); queue time is never GPU time. `allocated_gpus` is the allocation's whole GPU
+count (what Slurm's AllocTRES gres/gpu reports), `gpu_hours` its cost over some seconds. The ledger keeps both figures; they must agree.
 This module is the one home of that formula and of what "disagree" means.
 """
 
@@ -13,8 +14,13 @@ from collections.abc import Iterable
 DISAGREEMENT_FRACTION = 0.01
 
 
+def allocated_gpus(nodes: int, gpus_per_node: int) -> int:
+    """The GPUs an allocation of `nodes` nodes holds: nodes x GPUs per node."""
+    return nodes * gpus_per_node
+
+
 def gpu_hours(gpus: int, seconds: float) -> float:
-    """Allocated GPU-hours: gpus x seconds / 3600 (queue time is never GPU time)."""
+    """Allocated GPU-hours: gpus (the whole allocation's, `allocated_gpus`) x seconds / 3600."""
     return gpus * seconds / 3600.0
 
 

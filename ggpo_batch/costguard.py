@@ -1,6 +1,6 @@
 """Cost guard: estimate a spec's GPU-hours before anything is queued, check the caps, record decisions.
 
-A run costs gpus x (loop + setup/export + audit + evaluation) / 3600. The overhead outside the loop
+A run costs nodes x GPUs per node x (loop + setup/export + audit + evaluation) / 3600. The overhead outside the loop
 comes from the ledger's history when it has one: the median, over past succeeded attempts of the
 same method (same GPUs per run, same profile or an imported experiment, which has no profile), of
 `elapsed_seconds - result.budget.loop_seconds`. The loop itself is the budget times (1 + the median
@@ -39,11 +39,17 @@ class RunEstimate:
     """The estimated cost of one run."""
 
     run_key: str
-    gpus: int
+    gpus: int  # the whole allocation's: nodes x gpus_per_node
     loop_seconds: float
     overhead_seconds: float
     gpu_hours: float
     basis: str  # "history (median of N attempts)" | "spec overheads"
+    nodes: int = 1
+
+    @property
+    def shape(self) -> str:
+        """`4 GPUs`, or `2 nodes x 4 GPUs` for a multi-node allocation."""
+        return f"{self.gpus} GPUs" if self.nodes == 1 else f"{self.nodes} nodes x {self.gpus // self.nodes} GPUs"
 
 
 @dataclass(frozen=True)
@@ -82,7 +88,8 @@ def _profile_matches(exp: Experiment, run: Run, profile: str) -> bool:
 
 
 def history(ledger: Ledger, *, method: str, profile: str, gpus: int) -> History | None:
-    """Medians over the ledger's succeeded attempts of `method` on `gpus` GPUs; None without any."""
+    """Medians over the ledger's succeeded attempts of `method` on `gpus` GPUs (an attempt's whole
+    allocation, all nodes); None without any."""
     overheads: list[float] = []
     overshoots: list[float] = []
     for exp, run, att in ledger.succeeded_attempts(method=method, gpus=gpus, limit=HISTORY_LIMIT):
@@ -109,16 +116,17 @@ def estimate(ledger: Ledger, spec: ExperimentSpec, runs: Sequence[RunSpec]) -> E
     hist: dict[int, History | None] = {}
     out = []
     for r in runs:
-        if r.gpus not in hist:
-            hist[r.gpus] = history(ledger, method=spec.method, profile=r.profile, gpus=r.gpus)
-        h = hist[r.gpus]
+        g = r.allocated_gpus  # nodes x gpus per node: attempts are booked with the same count
+        if g not in hist:
+            hist[g] = history(ledger, method=spec.method, profile=r.profile, gpus=g)
+        h = hist[g]
         if h is not None:
             loop = r.loop_budget_seconds * (1.0 + h.overshoot_fraction)
             overhead, basis = h.overhead_seconds, f"history (median of {h.attempts} attempts)"
         else:
             loop, overhead, basis = r.loop_budget_seconds, spec.overheads.total_seconds, "spec overheads"
-        out.append(RunEstimate(run_key=r.run_key, gpus=r.gpus, loop_seconds=loop, overhead_seconds=overhead,
-                               gpu_hours=gpu_hours(r.gpus, loop + overhead), basis=basis))
+        out.append(RunEstimate(run_key=r.run_key, gpus=g, loop_seconds=loop, overhead_seconds=overhead,
+                               gpu_hours=gpu_hours(g, loop + overhead), basis=basis, nodes=r.nodes))
     total = math.fsum(e.gpu_hours for e in out)
     used = {g: h for g, h in hist.items() if h is not None}
     if used:
@@ -143,7 +151,7 @@ def _basis(spec: ExperimentSpec, runs: Sequence[RunEstimate], hist: dict[int, Hi
             o = spec.overheads
             src = (f"spec overheads setup/export {o.setup_export_seconds:.0f} + audit {o.audit_seconds:.0f} "
                    f"+ evaluation {o.evaluation_seconds:.0f} s")
-        parts.append(f"{len(mine)} runs x {g} GPUs x ({e.loop_seconds:.0f} s loop + {e.overhead_seconds:.0f} s "
+        parts.append(f"{len(mine)} runs x {e.shape} x ({e.loop_seconds:.0f} s loop + {e.overhead_seconds:.0f} s "
                      f"overhead) / 3600, from {src}")
     if not parts:
         return "no runs"
@@ -276,7 +284,7 @@ def decide_not_reproduced(ledger: Ledger, experiment: str, *, actor: str, reason
 
 def describe(est: Estimate, check: CapCheck | None = None) -> list[str]:
     """Lines for `enqueue --dry-run`: per-run estimates, the total and how it was made, the cap check."""
-    lines = [f"  {e.run_key}: {e.gpu_hours:.3f} GPU-h  ({e.gpus} GPUs x ({e.loop_seconds:.0f} + "
+    lines = [f"  {e.run_key}: {e.gpu_hours:.3f} GPU-h  ({e.shape} x ({e.loop_seconds:.0f} + "
              f"{e.overhead_seconds:.0f}) s, {e.basis})" for e in est.runs]
     lines.append(f"estimated total: {est.total_gpu_hours:.2f} GPU-h for {len(est.runs)} runs")
     lines.append(f"  cost type: {est.cost_type}")

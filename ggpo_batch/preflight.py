@@ -136,8 +136,11 @@ def _allocation(spec: ExperimentSpec, report: Report, profiles_dir: Path | None)
     if spec.gpus != profile.gpus_per_node:
         report.add("experiment.gpus", f"{spec.gpus} GPUs, but profile {profile.name!r} allocates "
                    f"{profile.gpus_per_node} per run (gpus_per_node)")
+    if spec.nodes != profile.nodes:
+        report.add("experiment.nodes", f"{spec.nodes} nodes, but profile {profile.name!r} allocates "
+                   f"{profile.nodes} per run (nodes)")
     gib = getattr(profile, "gpu_memory_gib", None)
-    return profile.tasks_per_node, (gib * GIB if gib else None)
+    return profile.tasks_per_node * profile.nodes, (gib * GIB if gib else None)
 
 
 # -- data and arms ------------------------------------------------------------------------------------

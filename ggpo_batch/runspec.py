@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .accounting import allocated_gpus
 from .errors import GgpoError
 
 RUN_SPEC_VERSION = 1
@@ -57,6 +58,12 @@ class RunSpec:
     retries: int = 0
     train: Mapping[str, Any] = field(default_factory=dict)
     version: int = RUN_SPEC_VERSION
+    nodes: int = 1  # `gpus` is per node
+
+    @property
+    def allocated_gpus(self) -> int:
+        """GPUs of the whole allocation (nodes x gpus per node): what quota and GPU-hours count."""
+        return allocated_gpus(self.nodes, self.gpus)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (hand-written: dataclasses.asdict deep-copies and is slow at 10k runs)."""
@@ -67,6 +74,7 @@ class RunSpec:
             "loop_budget_seconds": self.loop_budget_seconds, "executor": self.executor, "profile": self.profile,
             "retries": self.retries, "train": json.loads(json.dumps(self.train)) if self.train else {},
             "version": self.version,
+            **({"nodes": self.nodes} if self.nodes != 1 else {}),  # absent at 1: older run specs and hashes stay
             "arm": {"name": a.name, "exposure": a.exposure, "exposed_items": a.exposed_items,
                     "templates": list(a.templates), "auxiliary_answer_loss": a.auxiliary_answer_loss},
         }

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import limits
+from .accounting import allocated_gpus
 from .errors import SpecError
 from .executor import EXECUTOR_NAMES
 from .runspec import EXPOSURES, ArmSpec, RunSpec
@@ -26,14 +27,15 @@ METHODS = ("ggpo",)
 MAX_SPEC_BYTES = limits.SPEC_MAX_BYTES
 MAX_SEEDS = 1000
 MAX_ARMS = 64
-MAX_GPUS = 64
+MAX_GPUS = 64  # per node
+MAX_NODES = 64
 MAX_BUDGET_SECONDS = 30 * 24 * 3600.0
 MAX_RETRIES = 10
 
 NAME = limits.NAME
 ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
-_EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "loop_budget_seconds", "executor", "profile",
+_EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "loop_budget_seconds", "executor", "profile",
                     "max_gpu_hours", "retries", "queue"}
 _OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
 _ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
@@ -62,7 +64,7 @@ class ExperimentSpec:
     method: str
     seeds: tuple[int, ...]
     arms: tuple[ArmSpec, ...]
-    gpus: int = 4
+    gpus: int = 4  # per node
     loop_budget_seconds: float = 2700.0
     executor: str = "slurm"
     profile: str = "default"
@@ -72,11 +74,19 @@ class ExperimentSpec:
     description: str = ""
     overheads: Overheads = field(default_factory=Overheads)
     train: Mapping[str, Any] = field(default_factory=dict)
+    nodes: int = 1
+
+    @property
+    def allocated_gpus(self) -> int:
+        """GPUs of one run's allocation: nodes x gpus per node."""
+        return allocated_gpus(self.nodes, self.gpus)
 
     def canonical(self) -> dict[str, Any]:
         """Everything that defines the experiment (not where the file lives)."""
         d = asdict(self)
         d.pop("path")
+        if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
+            d.pop("nodes")
         d["arms"] = [asdict(a) for a in self.arms]
         return json.loads(json.dumps(d, sort_keys=True))
 
@@ -95,6 +105,7 @@ class ExperimentSpec:
             run_key=run_key(self.name, version, seed, arm.name), experiment=self.name, experiment_version=version,
             method=self.method, arm=arm, seed=seed, gpus=self.gpus, loop_budget_seconds=self.loop_budget_seconds,
             executor=self.executor, profile=self.profile, retries=self.retries, train=dict(self.train),
+            nodes=self.nodes,
         )
 
     def expand(self, version: int, arms: Sequence[str] | None = None,
@@ -257,6 +268,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     if problem:
         raise SpecError(p, "experiment.description", problem)
     gpus = _int(p, "experiment.gpus", e.get("gpus", 4), 1, MAX_GPUS)
+    nodes = _int(p, "experiment.nodes", e.get("nodes", 1), 1, MAX_NODES)
     budget = _num(p, "experiment.loop_budget_seconds", e.get("loop_budget_seconds", 2700), 0, MAX_BUDGET_SECONDS,
                   open_lo=True)
     executor = _str(p, "experiment.executor", e.get("executor", "slurm"), choices=EXECUTOR_NAMES)
@@ -289,7 +301,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                           loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                           retries=retries, queue=queue, description=description, overheads=overheads,
-                          train=json.loads(json.dumps(train)))
+                          train=json.loads(json.dumps(train)), nodes=nodes)
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

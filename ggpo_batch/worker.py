@@ -80,7 +80,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     inline = settings.inline_queue
     quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
     try:
-        att = ledger.begin_attempt(run_key, executor=spec.executor, gpus=spec.gpus, actor=settings.user,
+        att = ledger.begin_attempt(run_key, executor=spec.executor, gpus=spec.allocated_gpus, actor=settings.user,
                                    worker=worker, quota=quota)
     except QuotaExceeded as exc:
         ledger.requeue(run_key, actor=settings.user, reason=f"deferred {settings.defer_seconds} s: {exc.message}")
@@ -95,7 +95,8 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     if shown is not None:
         shown.note(f"{run_key} attempt {att.number}")
         shown.watch(folder)
-    executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile)
+    executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile,
+                             redis_url=None if inline else settings.redis_url)
     fault_pause(settings, "before_submit")
     # Fence: a work horse outlives its SIGKILLed worker, and reconcile may meanwhile have settled
     # this attempt as lost; submitting now would take an allocation the ledger never books.
@@ -103,7 +104,9 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         log.error("run %s attempt %d was settled while this job waited: not submitting", run_key, att.number)
         return {"run_key": run_key, "skipped": "attempt settled by reconcile before sbatch"}
     try:
-        job_id = executor.find(spec, att.number, folder) or executor.submit(spec, att.number, folder)
+        # begin_attempt just created this attempt: no job can exist for it (a worker that died after
+        # sbatch left its own attempt `submitting`, which reconcile looks up), so no per-job lookup
+        job_id = executor.submit(spec, att.number, folder, lookup=False)
     except Exception as exc:
         reason = f"submission refused: {type(exc).__name__}: {exc}"
         ledger.resolve_submitting(run_key, att.number, job_id=None, actor=settings.user, reason=reason[:2000],

@@ -17,28 +17,30 @@ from .base import Executor, JobAccount, JobInfo, job_name
 __all__ = ["EXECUTORS", "EXECUTOR_NAMES", "IN_PROCESS_EXECUTORS", "Executor", "JobAccount", "JobInfo", "job_name", "make_executor"]
 
 
-def _debug(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+def _debug(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int, redis_url: str | None) -> Executor:
     from .debug import DebugExecutor
 
     return DebugExecutor()
 
 
-def _local(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+def _local(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int, redis_url: str | None) -> Executor:
     from .local import LocalExecutor
 
     return LocalExecutor(jobs_dir, tasks=local_tasks)
 
 
-def _slurm(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int) -> Executor:
+def _slurm(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int, redis_url: str | None) -> Executor:
     try:
+        from .pacing import make_bucket
         from .profile import load_profile
         from .slurm import SlurmExecutor
     except ImportError as exc:  # pragma: no cover - submitit missing from the environment
         raise ExecutorError(f"the slurm executor is unavailable: {exc}") from None
-    return SlurmExecutor(load_profile(profile, repo_dir / "slurm" / "profiles"), jobs_dir)
+    prof = load_profile(profile, repo_dir / "slurm" / "profiles")
+    return SlurmExecutor(prof, jobs_dir, pacer=make_bucket(prof.pace, redis_url=redis_url))
 
 
-EXECUTORS: Mapping[str, Callable[[Path, str, Path, int], Executor]] = {"slurm": _slurm, "local": _local,
+EXECUTORS: Mapping[str, Callable[[Path, str, Path, int, str | None], Executor]] = {"slurm": _slurm, "local": _local,
                                                                         "debug": _debug}
 EXECUTOR_NAMES = tuple(EXECUTORS)
 # Executors whose attempt runs inside the worker's forked job (the others hand it to a scheduler).
@@ -46,9 +48,10 @@ IN_PROCESS_EXECUTORS = frozenset({"debug"})
 
 
 def make_executor(name: str, *, jobs_dir: Path, profile: str = "default", repo_dir: Path | None = None,
-                  local_tasks: int = 2) -> Executor:
-    """The executor backend `name` (one of EXECUTOR_NAMES)."""
+                  local_tasks: int = 2, redis_url: str | None = None) -> Executor:
+    """The executor backend `name` (one of EXECUTOR_NAMES); with `redis_url` the Slurm executor's
+    sbatch pacing bucket is shared in that Redis by every worker of the user."""
     factory = EXECUTORS.get(name)
     if factory is None:
         raise ExecutorError(f"unknown executor {name!r} ({', '.join(EXECUTOR_NAMES)})")
-    return factory(Path(jobs_dir), profile, repo_dir or REPO_DIR, local_tasks)
+    return factory(Path(jobs_dir), profile, repo_dir or REPO_DIR, local_tasks, redis_url)

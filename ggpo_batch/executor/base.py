@@ -71,8 +71,10 @@ class Executor(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
-        """Start the attempt; return the scheduler's job id. Must not submit twice for one (run, attempt)."""
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
+        """Start the attempt; return the scheduler's job id. Must not submit twice for one (run, attempt):
+        with `lookup` it first looks for one; `lookup=False` is for a caller that has just created the
+        attempt (no job can exist for it yet), so the scheduler is not queried once per submission."""
 
     @abc.abstractmethod
     def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:

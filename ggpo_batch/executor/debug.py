@@ -28,7 +28,7 @@ class DebugExecutor(Executor):
     def __init__(self) -> None:
         self._done: dict[str, JobInfo] = {}
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
         import submitit
 
         folder.mkdir(parents=True, exist_ok=True)

@@ -57,7 +57,7 @@ class LocalExecutor(Executor):
     def _marker(self, folder: Path) -> Path:
         return folder / "job_id"
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
         existing = self.find(spec, attempt, folder)
         if existing is not None:
             return existing

@@ -7,6 +7,7 @@ submitit's SlurmExecutor parameters by `to_submitit_parameters()`.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import tomllib
 from dataclasses import dataclass, fields
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import SpecError
+from .pacing import DEFAULT_BURST, DEFAULT_RATE_PER_S, SubmitPace
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +26,7 @@ _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
 _EXTRA_LINE = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(=(?P<value>[A-Za-z0-9_.,:/@%+=-]+))?$")
 # Flags our own parameters set; an extra line may not override them behind the profile's back.
 _OWNED_FLAGS = frozenset(
-    {"job-name", "comment", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "time", "partition",
+    {"job-name", "comment", "nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "time", "partition",
      "account", "qos", "constraint", "output", "error", "signal", "array", "wrap", "requeue", "no-requeue"}
 )
 
@@ -38,8 +40,9 @@ class SlurmProfile:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    nodes: int = 1  # a run's allocation spans this many nodes, each with gpus_per_node GPUs
     gpus_per_node: int = 4
-    tasks_per_node: int = 1
+    tasks_per_node: int = 1  # training ranks per node: one per GPU on a real cluster
     cpus_per_task: int | None = None
     mem_gb: float | None = None
     gpu_memory_gib: float | None = None  # memory of one GPU; preflight checks that the model fits in it
@@ -48,10 +51,19 @@ class SlurmProfile:
     setup: tuple[str, ...] = ()  # shell lines run in the batch script before srun (module load ...)
     extra_sbatch: tuple[str, ...] = ()
     use_srun: bool = True
+    # sbatch pacing (pacing.py): a bucket of submit_burst tokens refilled at submit_rate_per_s, by
+    # default Slurm's own per-user RPC limit; 0 turns pacing off (a cluster of your own)
+    submit_burst: int = DEFAULT_BURST
+    submit_rate_per_s: float = DEFAULT_RATE_PER_S
+
+    @property
+    def pace(self) -> SubmitPace:
+        return SubmitPace(self.submit_burst, self.submit_rate_per_s)
 
     def to_submitit_parameters(self) -> dict[str, Any]:
         """Keyword arguments for `submitit.SlurmExecutor.update_parameters` (native Slurm names)."""
         params: dict[str, Any] = {
+            "nodes": self.nodes,
             "gpus_per_node": self.gpus_per_node,
             "ntasks_per_node": self.tasks_per_node,
             "time": self.time_limit_min,
@@ -75,6 +87,7 @@ class SlurmProfile:
         """The same settings for `submitit.AutoExecutor.update_parameters` (`slurm_` prefixed names)."""
         p = self.to_submitit_parameters()
         auto: dict[str, Any] = {
+            "nodes": p.pop("nodes"),
             "gpus_per_node": p.pop("gpus_per_node"),
             "tasks_per_node": p.pop("ntasks_per_node"),
             "timeout_min": p.pop("time"),
@@ -123,7 +136,7 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
             if not _SAFE_VALUE.match(value):
                 raise SpecError(path, key, f"{value!r} has characters Slurm or a shell would misread")
             kw[key] = value
-    for key, minimum in (("gpus_per_node", 0), ("tasks_per_node", 1), ("cpus_per_task", 1),
+    for key, minimum in (("submit_burst", 1), ("nodes", 1), ("gpus_per_node", 0), ("tasks_per_node", 1), ("cpus_per_task", 1),
                          ("time_limit_min", 1), ("signal_delay_s", 0)):
         if key in data:
             kw[key] = _check(path, key, data[key], int, minimum=minimum)
@@ -131,6 +144,11 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
         kw["mem_gb"] = float(_check(path, "mem_gb", data["mem_gb"], (int, float), minimum=0))
     if "gpu_memory_gib" in data:
         kw["gpu_memory_gib"] = float(_check(path, "gpu_memory_gib", data["gpu_memory_gib"], (int, float), minimum=1))
+    if "submit_rate_per_s" in data:
+        rate = float(_check(path, "submit_rate_per_s", data["submit_rate_per_s"], (int, float), minimum=0))
+        if not math.isfinite(rate):
+            raise SpecError(path, "submit_rate_per_s", f"must be a finite number of sbatch calls per second, got {rate}")
+        kw["submit_rate_per_s"] = rate
     if "use_srun" in data:
         kw["use_srun"] = _check(path, "use_srun", data["use_srun"], bool)
     for key in ("setup", "extra_sbatch"):

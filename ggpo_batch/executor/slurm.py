@@ -2,7 +2,14 @@
 
 Exactly-once: `submit` first asks squeue, then sacct, for a job named `job_name(run_key, attempt)`
 whose comment is `ggpo:<run_key>:<attempt>`, so a worker killed between sbatch and the ledger
-write does not take a second allocation. State comes from one sacct call for all jobs (`poll`).
+write does not take a second allocation; a caller that has just created the attempt in the ledger
+(the worker) passes `lookup=False`: no job can exist for it, and the controller is spared two
+queries per submission (reconcile finds the job of a worker that died after sbatch). State comes
+from one sacct call for all jobs (`poll`). Every sbatch first takes a token from the pacing bucket
+(pacing.py), so bursts of submissions stay under the controller's per-user RPC limit.
+
+Multi-node: the profile's `nodes` (which the spec must match) goes to sbatch as `--nodes`, with
+`tasks_per_node` ranks and `gpus_per_node` GPUs on each node.
 
 Preemption: the payload is wrapped so submitit's USR2 handler checkpoints and requeues it
 (`scontrol requeue`, same job id) as often as the spec's `retries` allows; every run of the job id is one sacct record, which the ledger
@@ -27,6 +34,7 @@ from ..allocation import PREEMPTED_EXIT_CODE, alloc_start_export, record_path
 from ..errors import ExecutorError
 from ..runspec import RunSpec
 from .base import Executor, JobAccount, JobInfo, job_name
+from .pacing import Bucket, Unpaced, make_bucket
 from .profile import SlurmProfile
 from .sacct import Runner, Sacct, normalize_state, run_command
 
@@ -113,19 +121,24 @@ class SlurmExecutor(Executor):
         python: str | None = None,
         sacct: Sacct | None = None,
         runner: Runner = run_command,
-        min_submit_interval_s: float = 0.2,
+        pacer: Bucket | None = None,
+        min_submit_interval_s: float | None = None,
         find_since: str = "now-30days",
     ) -> None:
+        """`pacer`: the sbatch token bucket (default: the profile's pace, in this process);
+        `min_submit_interval_s=0` is the older way to say unpaced (tests)."""
         self.profile = profile
         self.folder = Path(folder)
         self.python = python
         self.runner = runner
         self.sacct = sacct if sacct is not None else Sacct(runner=runner)
-        self.min_submit_interval_s = min_submit_interval_s
+        if pacer is None:
+            pacer = Unpaced() if min_submit_interval_s == 0 else make_bucket(profile.pace)
+        self.pacer = pacer
         self.find_since = find_since
         self.sbatch_calls = 0
         self.squeue_calls = 0
-        self._last_submit = 0.0
+        self.paced_seconds = 0.0
 
     # -- submission ---------------------------------------------------------------------------
 
@@ -157,15 +170,19 @@ class SlurmExecutor(Executor):
             log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
         return min(ids, key=_id_key) if ids else None
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
         name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
-        existing = self.find_by(name, comment)
+        existing = self.find_by(name, comment) if lookup else None
         if existing is not None:
             log.info("run %s attempt %d already submitted as Slurm job %s", spec.run_key, attempt, existing)
             return existing
         if spec.gpus != self.profile.gpus_per_node:
             raise ExecutorError(
                 f"run {spec.run_key} asks for {spec.gpus} GPUs, profile {self.profile.name} gives {self.profile.gpus_per_node}"
+            )
+        if spec.nodes != self.profile.nodes:
+            raise ExecutorError(
+                f"run {spec.run_key} asks for {spec.nodes} nodes, profile {self.profile.name} gives {self.profile.nodes}"
             )
         # late: the payload pulls in the method's job class
         from .payload import make_payload
@@ -185,10 +202,7 @@ class SlurmExecutor(Executor):
         params = self._parameters(name, comment, overrides, requeues=requeues)
         ex = self._submitit(folder, params)
         payload = Requeueable(fn, requeues, time_limit_s=60.0 * params["time"], signal_delay_s=params["signal_delay_s"])
-        wait = self._last_submit + self.min_submit_interval_s - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)  # sites rate-limit sbatch RPCs per user
-        self._last_submit = time.monotonic()
+        self.paced_seconds += self.pacer.acquire()  # sites rate-limit RPCs per user
         self.sbatch_calls += 1
         try:
             job = ex.submit(payload)

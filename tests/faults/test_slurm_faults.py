@@ -27,7 +27,6 @@ from tests.support.waiting import reconcile_until_ended, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
 CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
-NODE = "vm"
 
 
 @pytest.fixture
@@ -164,16 +163,22 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     print(f"\n[fault] node failure, retries=0: run {run.state} ({run.cause}), 1 attempt, {gh:.4f} GPU-h booked")
 
 
-def _node_state() -> str:
-    return run_command(["sinfo", "-h", "-n", NODE, "-o", "%T"]).strip()
+def _node_state(node: str) -> str:
+    return run_command(["sinfo", "-h", "-n", node, "-o", "%T"]).strip()
 
 
-SLURMD_LOG = Path("/var/tmp/ggpo-slurm/log/slurmd.log")
+def _node_of(job_id: str) -> str:
+    """The (first) node a running job is on: the dev cluster has two, one slurmd each."""
+    return run_command(["squeue", "-h", "-j", job_id, "-o", "%N"]).strip().split(",")[0]
 
 
-def _steps_done(job_id: str) -> int:
-    """How often slurmd has finished step 0 of `job_id` (one line per run of the job)."""
-    return SLURMD_LOG.read_text(errors="replace").count(f"[{job_id}.0] done with job")
+def _slurmd_log(node: str) -> Path:
+    return Path(f"/var/tmp/ggpo-slurm/log/slurmd.{node}.log")  # SlurmdLogFile=.../slurmd.%n.log
+
+
+def _steps_done(job_id: str, node: str) -> int:
+    """How often the node's slurmd has finished step 0 of `job_id` (one line per run of the job)."""
+    return _slurmd_log(node).read_text(errors="replace").count(f"[{job_id}.0] done with job")
 
 
 def _stepds(job_id: str) -> list[int]:
@@ -199,17 +204,18 @@ def _node_down_then_back(job_id: str) -> None:
     """The node fails (its jobs end NODE_FAIL), then comes back once slurmd is done with the job:
     its step finished (submitit's payload ignores SIGTERM until KillWait's SIGKILL), its step daemons
     exited (one lingers after logging "done with job"), and SLURMD_FORGETS_S gone by."""
-    before = _steps_done(job_id)
+    node = _node_of(job_id)
+    before = _steps_done(job_id, node)
     try:
-        run_command(["scontrol", "update", f"nodename={NODE}", "state=down", "reason=ggpo-fault-test"])
-        wait_until(lambda: _steps_done(job_id) > before, 30, f"slurmd done with job {job_id}'s step")
+        run_command(["scontrol", "update", f"nodename={node}", "state=down", "reason=ggpo-fault-test"])
+        wait_until(lambda: _steps_done(job_id, node) > before, 30, f"slurmd done with job {job_id}'s step")
         wait_until(lambda: not _stepds(job_id), 30, f"the step daemons of job {job_id} gone")
         time.sleep(SLURMD_FORGETS_S)
     finally:
         def back() -> bool:
-            if _node_state() in ("idle", "mixed", "allocated"):
+            if _node_state(node) in ("idle", "mixed", "allocated"):
                 return True
-            subprocess.run(["scontrol", "update", f"nodename={NODE}", "state=resume"], capture_output=True,
+            subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True,
                            check=False)
             return False
 
