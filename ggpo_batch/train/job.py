@@ -26,13 +26,19 @@ from typing import Any
 import submitit
 
 from ..allocation import PREEMPTED_EXIT_CODE, allocation_start, details_of
+from ..config import mlflow_uri
 from ..errors import GgpoError
+from ..heartbeat import Heartbeat, write_heartbeat
 from ..netutil import free_port
 from ..run_record import entry_key, require_valid
 from ..runspec import RunSpec
 from .config import TrainConfig
 
 log = logging.getLogger(__name__)
+# Seconds between two heartbeats (and MLflow writes) at most; every step in between is still logged.
+HEARTBEAT_EVERY_SECONDS = 5.0
+# Step figures kept in MLflow from the history entry of each step.
+_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds")
 
 
 class Preempted(GgpoError):
@@ -76,6 +82,56 @@ def preload() -> None:
     from . import trainer  # noqa: F401
 
 
+class Progress:
+    """Rank 0's live view of the run: the heartbeat in the attempt folder and, when tracking is on,
+    the step metrics of the attempt's MLflow run (ggpo_batch/tracking.py), both written after a step
+    at most every HEARTBEAT_EVERY_SECONDS and at every phase boundary. From the loop itself, not a
+    timer: a job stuck in a collective stops beating, and status flags it hung."""
+
+    def __init__(self, folder: Path, budget_seconds: float, tracking: Any = None) -> None:
+        self.folder, self.budget_seconds, self.tracking = folder, budget_seconds, tracking
+        self.pending: list[dict[str, Any]] = []
+        self.mean_reward: float | None = None
+        self.tokens_per_second: float | None = None
+        self._written = 0.0
+
+    def step(self, st: Any, mean_reward: float | None, tokens_per_second: float | None) -> None:
+        """After a step: its figures are queued for MLflow, the heartbeat written when due."""
+        self.mean_reward, self.tokens_per_second = mean_reward, tokens_per_second
+        last = st.history[-1] if st.history else {}
+        self.pending.append({"step": st.step, **{k: last.get(k) for k in _STEP_METRICS},
+                             "mean_reward": mean_reward, "tokens_per_second": tokens_per_second})
+        if time.monotonic() - self._written >= HEARTBEAT_EVERY_SECONDS:
+            self.beat(st)
+
+    def beat(self, st: Any) -> None:
+        """Write the heartbeat now (and the queued step metrics)."""
+        write_heartbeat(self.folder, Heartbeat(step=st.step, loop_seconds=st.loop_seconds,
+                                               budget_seconds=self.budget_seconds, mean_reward=self.mean_reward,
+                                               tokens_per_second=self.tokens_per_second, updated_at=time.time()))
+        self._written = time.monotonic()
+        if self.tracking is not None and self.pending:
+            self.tracking.log_steps(self.pending)
+        self.pending = []
+
+    def end(self, status: str, files: tuple[Path, ...] = ()) -> None:
+        """The attempt ended (FINISHED with its record, KILLED on a preemption, FAILED)."""
+        if self.tracking is None:
+            return
+        if status == "FINISHED":
+            self.tracking.finish(files)
+        else:
+            self.tracking.stop(status)
+
+
+def _step_figures(trainer: Any, tokens_before: int) -> list[float]:
+    """This rank's share of the last step's figures, summed over ranks with the stop flag:
+    reward sum, trajectories, generated tokens."""
+    rewards = [t.reward for t in trainer.evidence[-1].trajectories] if trainer.evidence else []
+    return [float(sum(rewards)), float(len(rewards)),
+            float(trainer.state.tally["backend_generated_tokens"] - tokens_before)]
+
+
 class TrainingJob(submitit.helpers.Checkpointable):
     def __init__(self, spec_json: str, output: str) -> None:
         self.spec_json = spec_json
@@ -117,21 +173,45 @@ class TrainingJob(submitit.helpers.Checkpointable):
         output, ckpt = Path(self.output), Path(self.output + ".ckpt")
         trainer = Trainer(spec, cfg, rank=rank, world=world, device=device,
                           budget_seconds=spec.loop_budget_seconds)
+        progress: Progress | None = None
         try:
             resumed = trainer.load(ckpt)
             # Elapsed time of earlier attempts (up to their checkpoint) stays on the bill.
             t0 -= trainer.state.prior_elapsed_seconds if resumed else 0.0
+            if rank == 0:
+                from ..tracking import Tracking
+
+                progress = Progress(output.parent, spec.loop_budget_seconds,
+                                    Tracking.start(mlflow_uri(), spec, output))
+                progress.beat(trainer.state)
+            # Opening the MLflow run (a new SQLite store builds its schema: seconds) stays out of the
+            # loop: the other ranks wait here, not inside the first step's collectives.
+            dist.barrier()
             done = bool(trainer.state.step) and trainer.state.loop_seconds >= spec.loop_budget_seconds
             while not done:
+                tokens_before = trainer.state.tally["backend_generated_tokens"]
                 done = trainer.step()
-                flag = torch.tensor([int(self._stop_requested)], device=device)  # NCCL reduces device tensors only
-                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                # One reduction: the stop flag and the step's figures (NCCL reduces device tensors only).
+                red = torch.tensor([float(self._stop_requested), *_step_figures(trainer, tokens_before)],
+                                   dtype=torch.float64, device=device)
+                dist.all_reduce(red, op=dist.ReduceOp.SUM)
+                stop = float(red[0]) > 0
+                if progress is not None:
+                    seconds = trainer.state.last_batch_seconds
+                    progress.step(trainer.state, float(red[1] / red[2]) if red[2] else None,
+                                  float(red[3]) / seconds if seconds > 0 else None)
                 periodic = cfg.checkpoint_every and trainer.state.step % cfg.checkpoint_every == 0
-                if int(flag) or (periodic and not done):
+                if stop or (periodic and not done):
                     trainer.state.prior_elapsed_seconds = time.time() - t0
                     trainer.save(ckpt)
-                if int(flag) and not done:
+                if stop and not done:
+                    if progress is not None:
+                        progress.beat(trainer.state)
+                        progress.end("KILLED")
+                        progress = None
                     raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
+            if progress is not None:
+                progress.beat(trainer.state)
             weights, policy_sha256 = trainer.export(policy_dir(output))
             digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
             rank_digests: list[str | None] = [None] * world
@@ -140,9 +220,13 @@ class TrainingJob(submitit.helpers.Checkpointable):
             t1 = time.time()
             audit = trainer.run_audit()
             audit_seconds = time.time() - t1
+            if progress is not None:
+                progress.beat(trainer.state)
             t2 = time.time()
             evaluation = trainer.evaluate()
             evaluation_seconds = time.time() - t2
+            if progress is not None:
+                progress.beat(trainer.state)
             elapsed = time.time() - t0
             from .result import build_record
 
@@ -171,7 +255,14 @@ class TrainingJob(submitit.helpers.Checkpointable):
                 output.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(details_of(output), details)
                 write_json_atomic(output, record)
+                if progress is not None:
+                    progress.end("FINISHED", (output, details_of(output)))
+                    progress = None
             return record
+        except BaseException:
+            if progress is not None:
+                progress.end("FAILED")
+            raise
         finally:
             trainer.close()
             dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
