@@ -234,7 +234,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
             record = build_record(
                 arm=spec.arm, seed=spec.seed, totals=trainer.totals(), templates=trainer.template_totals(),
                 steps=st.step, audit_ok=audit.ok, loop_seconds=st.loop_seconds,
-                budget_seconds=spec.loop_budget_seconds, last_batch_seconds=st.last_batch_seconds, gpus=spec.gpus,
+                budget_seconds=spec.loop_budget_seconds, last_batch_seconds=st.last_batch_seconds, gpus=spec.allocated_gpus,
                 training_seconds=training_seconds, audit_seconds=audit_seconds,
                 evaluation_seconds=evaluation_seconds, elapsed_seconds=elapsed)
             shared = [record]
