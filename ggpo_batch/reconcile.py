@@ -26,6 +26,7 @@ from .config import Settings
 from .errors import ExecutorError, LedgerError
 from .executor import Executor, JobAccount, JobInfo, make_executor
 from .heartbeat import read_heartbeat
+from .joblogs import job_folder
 from .ledger import Ledger, connect
 from .ledger.heartbeats import heartbeat_time
 from .ledger.schema import Attempt, Run, utcnow
@@ -128,8 +129,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
 
 def _job_folder(settings: Settings, run: Run, att: Attempt) -> Path:
     """The folder a job writes into: a requeued job keeps the folder of the attempt that submitted it."""
-    first = min(a.number for a in run.attempts if a.job_id == att.job_id)
-    return attempt_folder(settings.jobs_dir, run.run_key, first)
+    return job_folder(settings.jobs_dir, run, att)
 
 
 def _copy_heartbeats(ledger: Ledger, settings: Settings, pairs: Sequence[tuple[Run, Attempt]],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from . import (
     ledger_cmds,  # noqa: F401  (registers commands)
+    logs_cmds,  # noqa: F401
     nightly_cmds,  # noqa: F401
     queue_cmds,  # noqa: F401
     report_cmds,  # noqa: F401
