@@ -76,9 +76,9 @@ def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: tor
 
 def micro_batches(cfg: TrainConfig, world: int) -> int:
     """Forward/backward passes per step on every rank: 1 (the whole local batch at once) when
-    train.micro_batch_rows is 0, else enough passes of that many rows for the most rows a rank can
+    train.micro_batch_size is 0, else enough passes of that many rows for the most rows a rank can
     hold, (prompts_per_step / world) x group_size."""
-    if not cfg.micro_batch_rows:
+    if not cfg.micro_batch_size:
         return 1
     capacity = max(1, cfg.prompts_per_step // world) * cfg.group_size
-    return -(-capacity // cfg.micro_batch_rows)
+    return -(-capacity // cfg.micro_batch_size)

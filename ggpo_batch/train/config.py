@@ -19,6 +19,8 @@ ROLLOUT_BACKENDS = ("torch", "vllm")
 PRECISIONS = ("auto", "fp32", "bf16")
 DTYPES = ("bfloat16", "float16", "float32")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+# Keys of `[train]` that were renamed: the old name is refused with the new one.
+RENAMED_KEYS = {"micro_batch_rows": "micro_batch_size"}
 # Keys that shape the built-in byte GPT-2 only: meaningless beside [train.model].
 BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
 DATA_KEYS = ("train", "eval", "passages")
@@ -137,11 +139,18 @@ class TrainConfig(GgpoConfig):
     temperature: float = 1.0
     rollout: str = "torch"
     vllm_gpu_memory_utilization: float = 0.3
+    # Ranks per colocated vLLM engine (train/vllm_backend.py): 1, 2 or 4 on a 4-GPU node; it must divide
+    # the training ranks, and world / tensor_parallel_size engines sample side by side.
+    tensor_parallel_size: int = 1
     # Engine and optimisation.
     zero_stage: int = 2
     precision: str = "auto"  # bf16 on GPU, fp32 on CPU
     lr: float = 1e-3
-    micro_batch_rows: int = 0  # trajectories per forward/backward pass; 0 = the rank's whole batch in one
+    micro_batch_size: int = 0  # trajectories per forward/backward pass (gradients accumulate); 0 = the rank's whole batch
+    # Log-probs (train/logprobs.py): masked tokens x vocabulary rows of the LM head per chunk; 0 tokens =
+    # full logits (no chunking). The default chunk's float32 logits take 128 MiB.
+    logprob_chunk_tokens: int = 1024
+    logprob_chunk_vocab: int = 32768
     grad_clip: float = 1.0
     aux_coef: float = 1.0
     max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training
@@ -169,6 +178,8 @@ class TrainConfig(GgpoConfig):
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in table.items():
+            if key in RENAMED_KEYS:
+                raise SpecError(path, f"train.{key}", f"was renamed: write train.{RENAMED_KEYS[key]} = {value!r} instead")
             if key not in known:
                 raise SpecError(path, f"train.{key}", f"unknown key (known: {', '.join(sorted(known))})")
             if key == "model":
@@ -215,9 +226,12 @@ class TrainConfig(GgpoConfig):
                     "eval_samples", "synthetic_entities", "synthetic_eval_items"):
             if getattr(self, key) < 1:
                 bad(key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "micro_batch_rows", "eval_size", "eval_temperature"):
+        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "micro_batch_size", "eval_size", "eval_temperature",
+                    "logprob_chunk_tokens"):
             if getattr(self, key) < 0:
                 bad(key, f"must be >= 0, got {getattr(self, key)}")
+        if self.logprob_chunk_vocab < 1:
+            bad("logprob_chunk_vocab", f"must be >= 1, got {self.logprob_chunk_vocab}")
         if self.eval_temperature == 0 and self.eval_samples != 1:
             bad("eval_samples", "must be 1 when eval_temperature = 0 (greedy decoding gives one answer)")
         if self.n_embd % self.n_head:
@@ -237,6 +251,10 @@ class TrainConfig(GgpoConfig):
             bad("zero_stage", f"must be 2 or 3, got {self.zero_stage}")
         if self.rollout not in ROLLOUT_BACKENDS:
             bad("rollout", f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {self.rollout!r}")
+        if self.tensor_parallel_size not in (1, 2, 4, 8):
+            bad("tensor_parallel_size", f"must be 1, 2, 4 or 8 (GPUs of one node), got {self.tensor_parallel_size}")
+        if self.tensor_parallel_size > 1 and self.rollout != "vllm":
+            bad("tensor_parallel_size", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it at 1")
         if self.precision not in PRECISIONS:
             bad("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.model is None:

@@ -26,7 +26,9 @@ from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .environment import GENERATED, Trajectory, run_episodes, start
 from .ggpo import ggpo_loss, group_advantages
-from .model import full_state_dict, initial_policy, policy_token_logprobs
+from .logprobs import Chunks, masked_logprobs
+from .model import full_state_dict, initial_policy
+from .reference import Reference, zero3_settings
 from .retrieval import Retriever
 from .task import is_clean_answer, load, normalize
 
@@ -64,21 +66,22 @@ class Trainer:
         else:
             bf16, fp16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda"), False
         model = initial_policy(cfg, spec.seed, self.model_dir)
-        self.reference = copy.deepcopy(model).to(device).requires_grad_(False).eval()
+        # Partitioned like the policy under ZeRO-3 (train/reference.py): never a whole copy per rank.
+        self.reference = Reference(copy.deepcopy(model), zero_stage=cfg.zero_stage, device=device, bf16=bf16,
+                                   fp16=fp16)
+        self.chunks = Chunks(cfg.logprob_chunk_tokens, cfg.logprob_chunk_vocab)
         # Torch rollouts under ZeRO-2 sample from the policy module itself (every rank holds its whole
         # weights): no behaviour copy to push weights into after each update. ZeRO-3 partitions the
         # weights (the sampler gets a copy); vLLM serves its own.
         self.shares_policy = cfg.rollout == "torch" and cfg.zero_stage < 3
         behaviour = (copy.deepcopy(model).to(device).requires_grad_(False).eval()
                      if cfg.rollout == "torch" and not self.shares_policy else model)
-        if bf16:
-            self.reference.to(torch.bfloat16)
         self.micro_batches = micro_batches(cfg, world)
         ds_config = {
-            "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes train.micro_batch_rows rows
+            "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes train.micro_batch_size rows
             "gradient_accumulation_steps": self.micro_batches,
             "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": {"stage": cfg.zero_stage},
+            "zero_optimization": zero3_settings(model) if cfg.zero_stage == 3 else {"stage": cfg.zero_stage},
             "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0, "torch_adam": True}},
             "bf16": {"enabled": bf16},
             "fp16": {"enabled": fp16},
@@ -157,9 +160,8 @@ class Trainer:
         tally["aux_sequence_nonpadding_tokens_including_dp_padding"] += int(attn.sum())
         tally["aux_sequence_padded_tokens"] += ids.numel()
         tally["aux_loss_tokens"] += int(mask.sum())
-        logits = self.engine(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1]
-        nll = -policy_token_logprobs(logits, ids[:, 1:], 1.0, self.codec)
-        return torch.where(mask, nll, 0.0).sum() / mask.sum().clamp(min=1)
+        nll = -masked_logprobs(self.engine, self.engine.module, ids, attn, mask, 1.0, self.codec, self.chunks)
+        return nll.sum() / mask.sum().clamp(min=1)
 
     def step(self) -> bool:
         """One batch: rollouts, advantages, one update. Returns True when the loop must stop."""
@@ -204,7 +206,8 @@ class Trainer:
         # optimizer steps after the last). Each part is its tokens' share of the rank's token mean, so
         # the parts sum to the loss of one whole-batch pass. Every rank runs the same number of passes
         # (ZeRO's collectives pair them): a pass with no rows left runs a 2-token zero-loss filler.
-        per = ids.shape[0] if self.micro_batches == 1 else cfg.micro_batch_rows
+        per = ids.shape[0] if self.micro_batches == 1 else cfg.micro_batch_size
+        ref = self.reference
         for j in range(self.micro_batches):
             rows = slice(j * per, (j + 1) * per)
             m = mask[rows]
@@ -213,24 +216,14 @@ class Trainer:
                 part_ids, part_attn = ids[:1, :2], attn[:1, :2]
             else:
                 part_ids, part_attn = ids[rows], attn[rows]
-            # Logits only from the first target any row trains on: prompts carry no loss, and the LM
-            # head and log-softmax over a large vocabulary are the costliest part of the pass.
-            cols = torch.nonzero(m.any(dim=0)).flatten()
-            first = int(cols[0]) if cols.numel() else m.shape[1] - 1
-            keep = {"logits_to_keep": m.shape[1] - first + 1}
-            m, targets = m[:, first:], part_ids[:, first + 1:]
-            logits = self.engine(input_ids=part_ids, attention_mask=part_attn, use_cache=False, **keep).logits[:, :-1]
-            logp = policy_token_logprobs(logits, targets, cfg.temperature, self.codec)
-            del logits
+            # Log-probs of the masked targets only, in chunks (train/logprobs.py), 0 elsewhere: targets
+            # outside the mask may be tool delimiters, impossible (-inf) under the policy.
+            logp = masked_logprobs(self.engine, self.engine.module, part_ids, part_attn, m, cfg.temperature,
+                                   self.codec, self.chunks)
             with torch.no_grad():
-                ref_logits = self.reference(input_ids=part_ids, attention_mask=part_attn, use_cache=False,
-                                            **keep).logits[:, :-1]
-                ref_logp = policy_token_logprobs(ref_logits, targets, cfg.temperature, self.codec)
-                del ref_logits
-            # Targets outside the mask may be tool delimiters, impossible (-inf) under the policy: zero
-            # them before any arithmetic so no -inf - -inf NaN reaches the masked sums.
-            logp, ref_logp = torch.where(m, logp, 0.0), torch.where(m, ref_logp, 0.0)
-            part, stats = ggpo_loss(logp, blp[rows, first: first + m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
+                ref_logp = masked_logprobs(ref.call, ref.module, part_ids, part_attn, m, cfg.temperature, self.codec,
+                                           self.chunks)
+            part, stats = ggpo_loss(logp, blp[rows, : m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
             part = part * (m.sum() / total)
             tally["rl_loss_tokens"] += stats.loss_tokens
             tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
@@ -257,15 +250,10 @@ class Trainer:
         st.last_batch_seconds = step_seconds
         refreshed = (st.step + 1) % self.gcfg.reference_refresh_steps == 0
         # Post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
-        if refreshed or not self.shares_policy:
-            weights = full_state_dict(self.engine.module, cfg.zero_stage)
         if not self.shares_policy:
-            self.backend.sync_weights(weights)
+            self.backend.sync_weights(full_state_dict(self.engine.module, cfg.zero_stage))
         if refreshed:
-            own = dict(self.reference.named_parameters())
-            with torch.no_grad():
-                for n, w in weights.items():
-                    own[n].copy_(w.to(own[n].dtype))
+            self.reference.refresh(self.engine.module)
         retained = int(red[1])
         st.history.append({
             "step": st.step, "loss": float(red[0]) / self.world,

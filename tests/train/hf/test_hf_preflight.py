@@ -228,17 +228,24 @@ def test_memory_formula_for_the_reference_model_sizes():  # type: ignore[no-unty
                                       rollout="vllm", vllm_fraction=0.35, gpu_bytes=80 * gib)
     assert parts["weights"] == 2 * p and parts["gradients"] == 2 * p / 4 and parts["optimizer"] == 12 * p / 4
     assert parts["reference"] == 2 * p and parts["rollout"] == 0.35 * 80 * gib
-    assert parts["activations"] == 8192 * 2048 * 28 * 2 + 8192 * 151936 * 10
+    assert parts["activations"] == 8192 * 2048 * 28 * 2 and parts["logits"] == 8192 * 151936 * 10  # unchunked
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
     z3 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=3, rows=1, seq_len=8192,
                                    hidden=2048, layers=28, vocab=151936, gradient_checkpointing=True,
                                    rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
     assert z3["weights"] == 2 * p / 4 and z3["rollout"] == 2 * p  # the torch sampler's behaviour copy
+    assert z3["reference"] == 2 * p / 4  # partitioned like the policy
     z2 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
                                    hidden=2048, layers=28, vocab=151936, gradient_checkpointing=False,
                                    rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
     assert z2["rollout"] == 0  # it samples from the policy module itself
-    assert z2["activations"] == 8192 * 2048 * 28 * 34 + 8192 * 151936 * 10
+    assert z2["activations"] == 8192 * 2048 * 28 * 34
+    chunked = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
+                                        hidden=2048, layers=28, vocab=151936, gradient_checkpointing=False,
+                                        rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib, chunk_tokens=1024,
+                                        chunk_vocab=32768)
+    assert chunked["logits"] == 1024 * 32768 * 18 + 8192 * 2048 * 6  # one chunk, not the vocabulary: 0.6 GiB
+    assert chunked["logits"] < z2["logits"] / 15
 
 
 # -- through the CLI: exit 2, one line each, nothing written; then a good spec to a succeeded run -----

@@ -76,7 +76,7 @@ def z2(tmp_path_factory, tiny_hf, qa_files):  # type: ignore[no-untyped-def]
 def z3(tmp_path_factory, hf_spec):  # type: ignore[no-untyped-def]
     """The same run under ZeRO-3, in passes of 3 rows (DeepSpeed gradient accumulation)."""
     out = tmp_path_factory.mktemp("hf-z3") / "record.json"
-    rec = train_local(hf_spec("paired_answer", budget=1.5, zero_stage=3, micro_batch_rows=3), out, nproc=2,
+    rec = train_local(hf_spec("paired_answer", budget=1.5, zero_stage=3, micro_batch_size=3), out, nproc=2,
                       timeout=300)
     return out, rec, json.loads(details_of(out).read_text())
 
