@@ -352,12 +352,13 @@ def _precision(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> None:
 
 def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks: int, gpu_bytes: float,
             report: Report) -> None:
-    rows = cfg.micro_batch_rows or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
+    rows = cfg.micro_batch_size or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
     parts = memory_estimate(
         parameters=model["parameters"], dtype_bytes=model["dtype_bytes"], ranks=ranks, zero_stage=cfg.zero_stage,
         rows=rows, seq_len=cfg.max_model_len, hidden=model["hidden"], layers=model["layers"], vocab=model["vocab"],
         gradient_checkpointing=bool(cfg.model and cfg.model.gradient_checkpointing), rollout=cfg.rollout,
-        vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes)
+        vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes, chunk_tokens=cfg.logprob_chunk_tokens,
+        chunk_vocab=cfg.logprob_chunk_vocab)
     report.facts["gpu_memory_estimate_gib"] = {k: round(v / GIB, 2) for k, v in parts.items()}
     report.facts["gpu_memory_gib"] = gpu_bytes / GIB
     if parts["total"] > gpu_bytes:
@@ -365,5 +366,5 @@ def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks
         report.add("experiment.profile", f"the model does not fit: ~{parts['total'] / GIB:.1f} GiB per GPU needed "
                    f"({shown}; {model['parameters']:,} parameters x {model['dtype_bytes']} bytes, ZeRO-"
                    f"{cfg.zero_stage} over {ranks} GPUs, {rows} rows x {cfg.max_model_len} tokens per pass), profile "
-                   f"{spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; lower train.micro_batch_rows or "
+                   f"{spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; lower train.micro_batch_size or "
                    f"max_model_len, turn on gradient_checkpointing, use zero_stage 3, or a larger GPU")
