@@ -46,3 +46,14 @@ def test_hostile_values_never_reach_the_script():
     assert "$(" not in text and "'" not in text  # nothing a shell or sbatch's parser would act on
     assert len(text.splitlines()) == len(RECORD.read_text().splitlines())
     assert sum(1 for line in text.splitlines() if line.startswith("#SBATCH --gpus-per-node")) == 1
+
+
+def test_two_node_profile_asks_for_nodes_with_one_task_per_gpu_on_each():
+    profile = load_profile("dev-cluster-2node", PROFILES)
+    ex = SlurmExecutor(profile, Path("/logs"), python="python3")
+    lines = ex.submission_script(job_name("k", 1), job_comment("k", 1), Path("/logs/k/a1")).splitlines()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2"):
+        assert line in lines, lines
+    # the saved one-node script differs from this one only in those lines
+    saved = RECORD.read_text().splitlines()
+    assert "#SBATCH --nodes=1" in saved and len(saved) == len(lines)
