@@ -5,6 +5,7 @@ its commands on it when imported here."""
 from __future__ import annotations
 
 from . import (
+    dashboard_cmds,  # noqa: F401
     ledger_cmds,  # noqa: F401  (registers commands)
     logs_cmds,  # noqa: F401
     nightly_cmds,  # noqa: F401

@@ -1,0 +1,243 @@
+"""The dashboard's ASGI app: routes, pages rendered from the templates, the JSON API.
+
+Every page is rendered on the server from `views` (the library calls the CLI uses); a few lines of
+JavaScript (static/dashboard.js) refresh the parts marked live from their fragment routes. Every
+body passes through `access.scrub` before it leaves; with a token, `access.TokenGate` guards every
+route. Read-only: GET (and HEAD) only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .. import limits
+from ..config import Settings
+from ..errors import GgpoError, LedgerError
+from ..states import RUN_STATES
+from . import views
+from .access import TokenGate, is_local, scrub
+
+# Seconds between refreshes of the live parts (run tables, a run's attempts and logs; the index).
+LIVE_EVERY_MS = 2000
+INDEX_EVERY_MS = 10000
+RESULTS_EVERY_MS = 60000
+# No script, style or image from anywhere else; plots are data: URIs; no framing.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+class BadRequest(GgpoError):
+    """A query parameter that cannot be used: 400."""
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def _when(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, (int, float)):
+        v = datetime.fromtimestamp(v, tz=UTC)
+    return v.strftime("%Y-%m-%d %H:%M:%S") if isinstance(v, datetime) else str(v)
+
+
+def _templates() -> Environment:
+    env = Environment(loader=PackageLoader("ggpo_batch.dashboard", "templates"),
+                      autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
+    env.filters["num"] = _num
+    env.filters["when"] = _when
+    env.globals.update(live_every=LIVE_EVERY_MS, index_every=INDEX_EVERY_MS, results_every=RESULTS_EVERY_MS)
+    return env
+
+
+def _json_text(data: Any) -> str:
+    # The same serialization as `status --json` (sort_keys, default=str), after the scrub.
+    return json.dumps(scrub(data), indent=2, sort_keys=True, default=str) + "\n"
+
+
+def _version(request: Request) -> int | None:
+    raw = request.query_params.get("version")
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"version={raw!r}: must be a whole number") from None
+    problem = limits.version_problem(value)
+    if problem:
+        raise BadRequest(f"version: {problem}")
+    return value
+
+
+def _name(request: Request, key: str = "name", check: Callable[[str], str | None] = limits.name_problem) -> str:
+    value = request.path_params[key]
+    problem = check(value)
+    if problem:
+        raise BadRequest(f"{key}: {problem}")
+    return value
+
+
+def _status_args(request: Request) -> dict[str, Any]:
+    """`status`'s options as query parameters: experiment, state (repeatable), runs, limit."""
+    q = request.query_params
+    experiment = q.get("experiment") or None
+    if experiment is not None and (problem := limits.name_problem(experiment)):
+        raise BadRequest(f"experiment: {problem}")
+    states = q.getlist("state")
+    bad = [s for s in states if s not in RUN_STATES]
+    if bad:
+        raise BadRequest(f"state={bad[0]!r}: states are {', '.join(RUN_STATES)}")
+    limit = None
+    if q.get("limit") not in (None, ""):
+        try:
+            limit = int(q["limit"])
+        except ValueError:
+            raise BadRequest(f"limit={q['limit']!r}: must be a whole number >= 0") from None
+        if limit < 0 or (problem := limits.count_problem(limit)):
+            raise BadRequest(f"limit={q['limit']!r}: must be a whole number >= 0")
+    return {"experiment": experiment, "states": states, "all_runs": q.get("runs") in ("1", "true", "yes"),
+            "limit": limit}
+
+
+def _float_arg(request: Request, key: str, default: float, lo: float, hi: float) -> float:
+    raw = request.query_params.get(key)
+    if raw in (None, ""):
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not lo <= value <= hi:
+        raise BadRequest(f"{key}={raw!r}: must be a number from {lo:g} to {hi:g}")
+    return value
+
+
+def create_app(settings: Settings, *, token: str | None = None, host: str = "127.0.0.1") -> Starlette:
+    """The dashboard over the ledger of `settings` (opened now: a ledger behind its schema fails here,
+    before anything listens). `token`: required on every request; `host`: the bind address (a
+    loopback bind answers only to loopback Host names, against DNS rebinding)."""
+    from ..ledger import connect
+
+    ledger = connect(settings.db_url)
+    templates = _templates()
+
+    def page(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+        html = templates.get_template(template).render(request=request, **scrub(context))
+        return HTMLResponse(scrub(html), status_code=status_code, headers=_SECURITY_HEADERS)
+
+    def api(data: Any, status_code: int = 200) -> Response:
+        return Response(_json_text(data), status_code=status_code, media_type="application/json",
+                        headers=_SECURITY_HEADERS)
+
+    def handled(fn: Callable[[Request], Response], *, json_api: bool = False) -> Callable[[Request], Response]:
+        """A sync endpoint (Starlette runs it in its threadpool) with the error contract: an unknown
+        experiment or run is 404, a bad parameter 400, both with one line saying what was wrong."""
+
+        def endpoint(request: Request) -> Response:
+            try:
+                return fn(request)
+            except GgpoError as exc:
+                code = 404 if isinstance(exc, LedgerError) else 400
+                if json_api:
+                    return api({"error": exc.message}, code)
+                return page(request, "error.html", code, message=exc.message, code=code)
+
+        return endpoint
+
+    def index(request: Request) -> Response:
+        return page(request, "index.html", data=views.experiments_index(ledger, settings))
+
+    def index_fragment(request: Request) -> Response:
+        return page(request, "_index.html", data=views.experiments_index(ledger, settings))
+
+    def experiment(request: Request) -> Response:
+        name, version = _name(request), _version(request)
+        live = views.experiment_live(ledger, settings, name, version)
+        return page(request, "experiment.html", live=live, results=views.experiment_results(ledger, name, live["version"]))
+
+    def experiment_runs(request: Request) -> Response:
+        return page(request, "_runs.html", live=views.experiment_live(ledger, settings, _name(request), _version(request)))
+
+    def experiment_results(request: Request) -> Response:
+        return page(request, "_results.html",
+                    results=views.experiment_results(ledger, _name(request), _version(request)))
+
+    def run(request: Request) -> Response:
+        return page(request, "run.html", view=views.run_view(ledger, settings, _name(request, "run_key",
+                                                                                      limits.run_key_problem)))
+
+    def run_fragment(request: Request) -> Response:
+        return page(request, "_run.html", view=views.run_view(ledger, settings, _name(request, "run_key",
+                                                                                       limits.run_key_problem)))
+
+    def nightly(request: Request) -> Response:
+        nights = int(_float_arg(request, "nights", views.NIGHTS, 1, 365))
+        return page(request, "nightly.html", data=views.nightly_view(
+            ledger, nights=nights, threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6))["components"])
+
+    def api_status(request: Request) -> Response:
+        return api(views.status_document(ledger, settings, **_status_args(request)))
+
+    def api_components(request: Request) -> Response:
+        nights = int(_float_arg(request, "nights", views.NIGHTS, 1, 365))
+        return api(views.nightly_view(ledger, nights=nights,
+                                      threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6)))
+
+    def api_experiment(request: Request) -> Response:
+        from ..reporting.report import experiment_report
+
+        name, version = _name(request), _version(request)
+        live = views.experiment_live(ledger, settings, name, version)
+        return api({"status": live, "report": experiment_report(ledger, name, version=live["version"])})
+
+    def api_run(request: Request) -> Response:
+        return api(views.run_view(ledger, settings, _name(request, "run_key", limits.run_key_problem)))
+
+    routes = [
+        Route("/", handled(index)),
+        Route("/fragments/index", handled(index_fragment)),
+        Route("/experiments/{name}", handled(experiment)),
+        Route("/fragments/experiments/{name}/runs", handled(experiment_runs)),
+        Route("/fragments/experiments/{name}/results", handled(experiment_results)),
+        Route("/runs/{run_key}", handled(run)),
+        Route("/fragments/runs/{run_key}", handled(run_fragment)),
+        Route("/nightly", handled(nightly)),
+        Route("/favicon.ico", lambda _request: Response(status_code=204)),  # none: no 404 in the console
+        Route("/api/status", handled(api_status, json_api=True)),
+        Route("/api/components", handled(api_components, json_api=True)),
+        Route("/api/experiments/{name}", handled(api_experiment, json_api=True)),
+        Route("/api/runs/{run_key}", handled(api_run, json_api=True)),
+        Mount("/static", StaticFiles(packages=[("ggpo_batch.dashboard", "static")]), name="static"),
+    ]
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+        yield
+        ledger.engine.dispose()
+
+    hosts = ["127.0.0.1", "localhost", "::1", "[::1]"] if is_local(host) else ["*"]
+    middleware = [Middleware(TokenGate, token=token), Middleware(TrustedHostMiddleware, allowed_hosts=hosts)]
+    return Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
