@@ -13,12 +13,12 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from mlflow.tracking import MlflowClient  # noqa: E402
+from mlflow.tracking import MlflowClient
 
-from ggpo_batch.runspec import RunSpec  # noqa: E402
-from ggpo_batch.tracking import Tracking, attempt_number, mlflow_run_name, run_id_path  # noqa: E402
-from tests.support.arms import ARMS  # noqa: E402
-from tests.support.paths import REPO  # noqa: E402
+from ggpo_batch.runspec import RunSpec
+from ggpo_batch.tracking import Tracking, attempt_number, mlflow_run_name, run_id_path
+from tests.support.arms import ARMS
+from tests.support.paths import REPO
 
 
 @pytest.fixture(scope="module")
