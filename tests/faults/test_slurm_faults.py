@@ -48,11 +48,13 @@ def _runs(ledger, settings, tmp_path, tag, *, seeds, retries):  # type: ignore[n
     return keys
 
 
-def _submit(ledger, ex, key, fn, folder, *, requeues: int = 0) -> str:  # type: ignore[no-untyped-def]
-    """What a worker does for one attempt, with a sleeper for a payload: attempt row, sbatch, job id."""
+def _submit(ledger, ex, key, fn, folder, *, requeues: int = 0, node: str | None = None) -> str:  # type: ignore[no-untyped-def]
+    """What a worker does for one attempt, with a sleeper for a payload: attempt row, sbatch, job id
+    (on `node` only, when given)."""
     att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
+    pin = {"additional_parameters": {"nodelist": node}} if node else {}
     job_id = ex.submit_callable(fn, job_name(key, att.number), job_comment(key, att.number), folder=folder,
-                                time=5, requeues=requeues)
+                                time=5, requeues=requeues, **pin)
     ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
     return job_id
 
@@ -71,10 +73,11 @@ def _ctld_alive() -> bool:
 
 def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     keys = _runs(ledger, settings, tmp_path, tag, seeds=[1, 2], retries=0)
-    # The node has 4 GPUs: the first job runs through the controller's outage, the second waits
-    # for its GPUs across the restart and runs after it.
+    # Both jobs on one node of 4 GPUs (the dev cluster has two): the first job runs through the
+    # controller's outage, the second waits for its GPUs across the restart and runs after it.
+    node = run_command(["sinfo", "-h", "-N", "-o", "%N"]).split()[0]
     logs = [tmp_path / f"starts-{i}.log" for i in range(2)]
-    ids = {k: _submit(ledger, slurm, k, jobs.CountingSleeper(s, str(log)), tmp_path / k.replace("/", "_"))
+    ids = {k: _submit(ledger, slurm, k, jobs.CountingSleeper(s, str(log)), tmp_path / k.replace("/", "_"), node=node)
            for k, s, log in zip(keys, (12, 4), logs, strict=True)}
     _running, waiting = keys
     wait_until(logs[0].exists, 30, "the first job's payload started")  # past srun's step creation

@@ -21,7 +21,12 @@ from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.spec import load_spec
 from tests.support.paths import PROFILES
-from tests.support.slurm import cancel_tagged, sacct_gpu_hours, wait_for
+from tests.support.slurm import (
+    cancel_tagged,
+    sacct_gpu_hours,
+    wait_for,
+    wait_ranks_ready,
+)
 from tests.support.waiting import reconcile_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -117,7 +122,7 @@ def test_two_node_job_preempted_books_one_attempt_with_its_gpu_hours(
                                     folder=tmp_path / "job", time=15, requeues=0)
         ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
         wait_for(ex, job_id, lambda i: i.state == "RUNNING", 60)
-        time.sleep(5)  # let submitit install its signal handler on every rank
+        wait_ranks_ready(tmp_path / "job", job_id, NODES * GPUS_PER_NODE)  # every rank's signal handler
         submitit.SlurmJob(folder=tmp_path / "job", job_id=job_id)._interrupt(timeout=False)  # as a preemption
         queue = RunQueue.from_url(settings.redis_url, settings.queue)
         reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=120)

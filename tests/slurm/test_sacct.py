@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from ggpo_batch.errors import ExecutorError
 from ggpo_batch.accounting import disagreement
+from ggpo_batch.errors import ExecutorError
 from ggpo_batch.executor.sacct import (
     Sacct,
     normalize_state,

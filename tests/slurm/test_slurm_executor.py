@@ -13,7 +13,7 @@ from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.runspec import ArmSpec, RunSpec
 from tests.support import slurm_jobs as jobs
-from tests.support.slurm import final, wait_for
+from tests.support.slurm import final, wait_for, wait_ranks_ready
 
 pytestmark = pytest.mark.slurm
 
@@ -149,7 +149,7 @@ def test_preemption_without_allowance_ends_preempted_not_failed(executor, tag, t
     # held the allocation a minute for nothing), still well after the signal lands.
     job_id = executor.submit_callable(lambda: time.sleep(20), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=15)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
-    time.sleep(3)  # let submitit install its signal handler
+    wait_ranks_ready(executor.folder / f"ggpo.{tag}.a0", job_id, 4)  # every rank's signal handler in place
     submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)
     info = wait_for(executor, job_id, final, 60)
     assert info.state == "PREEMPTED" and info.restarts == 0 and info.alloc_gpus == 4, info

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from ggpo_batch.executor.base import JobInfo
 from ggpo_batch.executor.sacct import run_command
@@ -79,3 +80,17 @@ def cancel_tagged(tag: str) -> None:
         job_id, _, name = line.partition("|")
         if tag in name:
             subprocess.run(["scancel", job_id.strip()], check=False)
+
+
+def wait_ranks_ready(folder: Path, job_id: str, ranks: int, timeout_s: float = 60, settle_s: float = 1.0) -> None:
+    """Wait until each of the job's `ranks` submitit tasks has loaded its payload (and so installed
+    its USR2 handler): a fixed sleep after RUNNING lost that race on a loaded machine, where srun
+    started some tasks seconds late and the signal killed them (exit 15) instead of preempting."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        logs = [Path(folder) / f"{job_id}_{r}_log.out" for r in range(ranks)]
+        if all(p.exists() and "Loading pickle" in p.read_text(errors="replace") for p in logs):
+            time.sleep(settle_s)  # unpickling, then the handler: a moment after the log line
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"job {job_id}: not all {ranks} ranks loaded their payload in {timeout_s} s")
