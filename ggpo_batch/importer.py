@@ -91,7 +91,7 @@ def import_results(ledger: Ledger, path: str | Path, *, actor: str, name: str | 
                    method: str = "ggpo") -> ImportReport:
     """Import `path`; return what happened. Raises RecordError listing every broken record."""
     path = Path(path)
-    with progress.task(f"import {path.name}", total=3) as shown:  # read, check, write
+    with progress.task(f"import {path.name}", total=3, after=2.0) as shown:  # read, check, write
         shown.note("reading")
         data, raw = _load(path)
         shown.advance(note=f"checking {len(data) if isinstance(data, dict) else 0} record(s)")

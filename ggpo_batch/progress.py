@@ -27,6 +27,7 @@ class Task:
 
     def __init__(self, display: _Display | None, description: str, total: int | None) -> None:
         self._display, self.description, self.total = display, description, total
+        self.begun = False  # on the display yet (a task shown only after a delay is not, at first)
         self.done = 0
         self.note_text = ""
         self.since = time.monotonic()
@@ -37,13 +38,13 @@ class Task:
         self.done += n
         if note is not None:
             self._set(note)
-        if self._display is not None:
+        if self._display is not None and self.begun:
             self._display.changed(self, line=self.note_text or "done")
 
     def note(self, text: str, *, show: bool = True) -> None:
         """What the task is doing now; `show=False` keeps it for the next line instead of printing it."""
         self._set(text)
-        if show and self._display is not None:
+        if show and self._display is not None and self.begun:
             self._display.changed(self, line=text)
 
     def _set(self, text: str) -> None:
@@ -76,13 +77,44 @@ def heartbeat_text(folder: Path) -> str:
 class _Display:
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
-        self.tasks: list[Task] = []
+        self.tasks: list[Task] = []  # every open task, shown or not yet
+        self._due: dict[int, float] = {}  # id(task) -> when a deferred task is shown
+        self._lock = threading.RLock()
+
+    def open(self, task: Task, after: float) -> None:
+        with self._lock:
+            self.tasks.append(task)
+            if after > 0:
+                self._due[id(task)] = time.monotonic() + after
+            else:
+                self._show(task)
+
+    def _show(self, task: Task) -> None:
+        task.begun = True
+        self.begin(task)
+
+    def show_due(self) -> None:
+        """Show the deferred tasks whose delay has passed (called by the display's ticker)."""
+        with self._lock:
+            now = time.monotonic()
+            for task in list(self.tasks):
+                due = self._due.get(id(task))
+                if due is not None and due <= now:
+                    del self._due[id(task)]
+                    self._show(task)
+
+    def close_task(self, task: Task) -> None:
+        with self._lock:
+            self._due.pop(id(task), None)
+            self.tasks.remove(task)
+            if task.begun:
+                self.end(task)
 
     def begin(self, task: Task) -> None:
-        self.tasks.append(task)
+        pass
 
     def end(self, task: Task) -> None:
-        self.tasks.remove(task)
+        pass
 
     def changed(self, task: Task, line: str | None) -> None:  # pragma: no cover - overridden
         pass
@@ -109,19 +141,19 @@ class _Plain(_Display):
         self._last = time.monotonic()
 
     def begin(self, task: Task) -> None:
-        super().begin(task)
-        self._emit(task, "started")
+        self._emit(task, task.status_text() or "started")
 
     def changed(self, task: Task, line: str | None) -> None:
         if line:
             self._emit(task, line)
 
     def _tick(self) -> None:
-        while not self._stop.wait(min(self.interval, 5.0)):
+        while not self._stop.wait(min(self.interval, 0.5)):
+            self.show_due()
             if time.monotonic() - self._last < self.interval:
                 continue
             for task in list(self.tasks):
-                if task.watched is not None or task.note_text:
+                if task.begun and (task.watched is not None or task.note_text):
                     self._emit(task, task.status_text())
 
     def close(self) -> None:
@@ -146,11 +178,10 @@ class _Live(_Display):
         self._ticker.start()
 
     def begin(self, task: Task) -> None:
-        super().begin(task)
         self.ids[id(task)] = self.bars.add_task(task.description, total=task.total, status="")
+        self._update(task)
 
     def end(self, task: Task) -> None:
-        super().end(task)
         self._update(task)
 
     def _update(self, task: Task) -> None:
@@ -162,9 +193,11 @@ class _Live(_Display):
         self._update(task)
 
     def _tick(self) -> None:
-        while not self._stop.wait(LIVE_INTERVAL_S):
+        while not self._stop.wait(min(LIVE_INTERVAL_S, 0.5)):
+            self.show_due()
             for task in list(self.tasks):
-                self._update(task)
+                if task.begun:
+                    self._update(task)
 
     def close(self) -> None:
         self._stop.set()
@@ -191,19 +224,21 @@ def shown(stream: IO[str] | None = None, *, live: bool | None = None) -> Iterato
 
 
 def current() -> Task | None:
-    """The innermost task being shown, for code deep in a task's work to add what it knows."""
+    """The innermost open task, for code deep in a task's work to add what it knows."""
     return _display.tasks[-1] if _display is not None and _display.tasks else None
 
 
 @contextmanager
-def task(description: str, total: int | None = None) -> Iterator[Task]:
-    """Report a piece of long work; silent unless a command turned the display on."""
+def task(description: str, total: int | None = None, *, after: float = 0.0) -> Iterator[Task]:
+    """Report a piece of long work; silent unless a command turned the display on. With `after`,
+    it shows only once it has taken that many seconds: quick work (a refused file) prints nothing
+    beside its own answer."""
     t = Task(_display, description, total)
     display = _display
     if display is not None:
-        display.begin(t)
+        display.open(t, after)
     try:
         yield t
     finally:
         if display is not None:
-            display.end(t)
+            display.close_task(t)

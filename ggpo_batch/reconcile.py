@@ -21,6 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
+from . import progress
 from .allocation import attempt_folder
 from .config import Settings
 from .errors import ExecutorError, LedgerError
@@ -253,8 +254,13 @@ def wait_settled(settings: Settings, queues: Sequence[str], *, timeout: float, a
                  interval: float = 1.0) -> int:
     """Reconcile until no attempt of these queues is active; returns how many are still active."""
     deadline = time.monotonic() + timeout
-    while True:
-        report = reconcile_now(settings, queues, actor=actor)
-        if report.active == 0 or time.monotonic() > deadline:
-            return report.active
-        time.sleep(interval)
+    with progress.task("attempts ended", after=2.0) as shown:
+        active = None
+        while True:
+            report = reconcile_now(settings, queues, actor=actor)
+            if report.active == 0 or time.monotonic() > deadline:
+                return report.active
+            if report.active != active:  # a line when the count changes, not every cycle
+                active = report.active
+                shown.advance(report.ended, note=f"{active} still active")
+            time.sleep(interval)

@@ -42,12 +42,28 @@ def test_plain_lines_count_units_and_show_notes() -> None:
     ]
 
 
+def test_a_deferred_task_prints_nothing_when_quick_and_its_state_once_slow() -> None:
+    out = io.StringIO()
+    with progress.shown(out, live=False):
+        with progress.task("import quick.json", total=3, after=0.3) as shown:
+            shown.advance(note="reading")
+        assert out.getvalue() == ""  # a refused or small file: only the command's own answer
+        with progress.task("import big.json", total=3, after=0.3) as shown:
+            shown.advance(note="checking 90000 record(s)")
+            deadline = time.monotonic() + 10
+            while not out.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            shown.advance(note="writing")
+    assert out.getvalue().splitlines() == ["import big.json 1/3: checking 90000 record(s)",
+                                           "import big.json 2/3: writing"]
+
+
 def test_plain_ticker_reports_a_watched_attempt_that_has_no_heartbeat_yet(tmp_path: Path) -> None:
     out = io.StringIO()
     display = progress._Plain(out, interval=0.05)
     try:
         task = progress.Task(display, "runs", 1)
-        display.begin(task)
+        display.open(task, 0)
         task.note("exp-v1-1-clean attempt 1")
         task.watch(tmp_path)  # an attempt folder with nothing in it yet
         deadline = time.monotonic() + 10
@@ -65,7 +81,7 @@ def test_plain_ticker_shows_the_watched_heartbeat(tmp_path: Path) -> None:
     display = progress._Plain(out, interval=0.05)
     try:
         task = progress.Task(display, "runs", 3)
-        display.begin(task)
+        display.open(task, 0)
         task.note("exp-v1-2-paired attempt 1")
         task.watch(tmp_path)
         deadline = time.monotonic() + 10
