@@ -106,9 +106,12 @@ class Progress:
 
     def beat(self, st: Any) -> None:
         """Write the heartbeat now (and the queued step metrics)."""
-        write_heartbeat(self.folder, Heartbeat(step=st.step, loop_seconds=st.loop_seconds,
-                                               budget_seconds=self.budget_seconds, mean_reward=self.mean_reward,
-                                               tokens_per_second=self.tokens_per_second, updated_at=time.time()))
+        hb = Heartbeat(step=st.step, loop_seconds=st.loop_seconds, budget_seconds=self.budget_seconds,
+                       mean_reward=self.mean_reward, tokens_per_second=self.tokens_per_second, updated_at=time.time())
+        try:
+            write_heartbeat(self.folder, hb)
+        except OSError as exc:  # a full or read-only disk costs the live view, never the run
+            log.warning("heartbeat not written to %s: %s", self.folder, exc)
         self._written = time.monotonic()
         if self.tracking is not None and self.pending:
             self.tracking.log_steps(self.pending)
