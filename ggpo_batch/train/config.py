@@ -148,9 +148,9 @@ class TrainConfig(GgpoConfig):
     lr: float = 1e-3
     micro_batch_size: int = 0  # trajectories per forward/backward pass (gradients accumulate); 0 = the rank's whole batch
     # Log-probs (train/logprobs.py): masked tokens x vocabulary rows of the LM head per chunk; 0 tokens =
-    # full logits (no chunking). The default chunk's float32 logits take 128 MiB.
+    # full logits (no chunking). The default chunk's float32 logits take 32 MiB.
     logprob_chunk_tokens: int = 1024
-    logprob_chunk_vocab: int = 32768
+    logprob_chunk_vocab: int = 8192
     grad_clip: float = 1.0
     aux_coef: float = 1.0
     max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training

@@ -48,7 +48,7 @@ class Chunks:
     else `tokens` masked positions x `vocab` vocabulary rows of the LM head at a time."""
 
     tokens: int = 1024
-    vocab: int = 32768
+    vocab: int = 8192
 
 
 def redirect(call: Callable[..., Any], module: torch.nn.Module, fn: Callable[..., Any], *args: Any,

@@ -11,7 +11,9 @@ reads VmHWM from /proc/self/status. The figure is the step's peak over its start
 tensor; tracemalloc would not). Prints both, the ratio chunked / unchunked, and the two losses
 (they must agree: the same step computed two ways).
 
-    .venv/bin/python tools/bench/train_memory.py [--vocab 32768] [--chunk-tokens 1024] [--chunk-vocab 4096]
+    .venv/bin/python tools/bench/train_memory.py [--vocab 32768] [--chunk-tokens N] [--chunk-vocab N]
+
+The chunk sizes default to the trainer's (train.logprob_chunk_tokens / logprob_chunk_vocab).
 """
 
 from __future__ import annotations
@@ -75,8 +77,10 @@ def child(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vocab", type=int, default=32768)
-    ap.add_argument("--chunk-tokens", type=int, default=1024)
-    ap.add_argument("--chunk-vocab", type=int, default=4096)
+    from ggpo_batch.train.config import TrainConfig
+
+    ap.add_argument("--chunk-tokens", type=int, default=TrainConfig.logprob_chunk_tokens)
+    ap.add_argument("--chunk-vocab", type=int, default=TrainConfig.logprob_chunk_vocab)
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
