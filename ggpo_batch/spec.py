@@ -273,6 +273,9 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
                   open_lo=True)
     executor = _str(p, "experiment.executor", e.get("executor", "slurm"), choices=EXECUTOR_NAMES)
     profile = _str(p, "experiment.profile", e.get("profile", "default"), NAME)
+    if nodes > 1 and executor != "slurm":
+        raise SpecError(p, "experiment.nodes", f"{nodes} nodes need executor = \"slurm\" (the {executor} executor "
+                        "runs on this one machine)")
     max_gh = e.get("max_gpu_hours")
     if max_gh is not None:
         max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, 1e7, open_lo=True)

@@ -69,6 +69,13 @@ def test_bad_nodes_is_refused_naming_file_and_field(tmp_path, value, problem):  
     assert problem in exc.value.message, exc.value.message
 
 
+def test_more_than_one_node_needs_the_slurm_executor(tmp_path):  # type: ignore[no-untyped-def]
+    p = tmp_path / "local.toml"
+    p.write_text(TWO_NODE.read_text().replace('executor = "slurm"', 'executor = "local"'))
+    with pytest.raises(SpecError, match=r"experiment\.nodes.*slurm"):
+        load_spec(p)
+
+
 def test_cli_exit_2_when_spec_nodes_and_profile_nodes_differ(env, ledger, tmp_path):  # type: ignore[no-untyped-def]
     p = tmp_path / "mismatch.toml"
     p.write_text(TWO_NODE.read_text().replace('profile = "dev-cluster-2node"', 'profile = "dev-cluster-2gpu"'))
