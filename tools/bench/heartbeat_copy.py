@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What copying heartbeats into the ledger adds to a reconcile cycle (ggpo_batch/reconcile.py:
 `_copy_heartbeats`): for N running attempts, each with a fresh heartbeat file, the batched copy
 (one file read per job, ONE UPDATE statement for all) against a baseline of one ledger transaction
