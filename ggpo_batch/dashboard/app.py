@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from jinja2 import Environment, PackageLoader, select_autoescape
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
@@ -35,6 +36,8 @@ from .access import TokenGate, is_local, scrub
 LIVE_EVERY_MS = 2000
 INDEX_EVERY_MS = 10000
 RESULTS_EVERY_MS = 60000
+# A page waits this long for an unreachable ledger to answer again (the CLI: 120 s), then is a 503.
+LEDGER_RETRY_SECONDS = 10
 # No script, style or image from anywhere else; plots are data: URIs; no framing.
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'",
@@ -141,7 +144,7 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
     loopback bind answers only to loopback Host names, against DNS rebinding)."""
     from ..ledger import connect
 
-    ledger = connect(settings.db_url)
+    ledger = connect(settings.db_url, retry_seconds=LEDGER_RETRY_SECONDS)
     templates = _templates()
 
     def page(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
@@ -154,16 +157,19 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
 
     def handled(fn: Callable[[Request], Response], *, json_api: bool = False) -> Callable[[Request], Response]:
         """A sync endpoint (Starlette runs it in its threadpool) with the error contract: an unknown
-        experiment or run is 404, a bad parameter 400, both with one line saying what was wrong."""
+        experiment or run is 404, a bad parameter 400, an unreachable ledger 503, each with one line
+        saying what was wrong (scrubbed like everything else)."""
 
         def endpoint(request: Request) -> Response:
             try:
                 return fn(request)
             except GgpoError as exc:
-                code = 404 if isinstance(exc, LedgerError) else 400
-                if json_api:
-                    return api({"error": exc.message}, code)
-                return page(request, "error.html", code, message=exc.message, code=code)
+                code, message = (404 if isinstance(exc, LedgerError) else 400), exc.message
+            except (OperationalError, InterfaceError) as exc:  # the ledger's database went away: try later
+                code, message = 503, f"the ledger database is unavailable: {str(exc.orig or exc).strip()[:300]}"
+            if json_api:
+                return api({"error": message}, code)
+            return page(request, "error.html", code, message=message, code=code)
 
         return endpoint
 
@@ -176,7 +182,8 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
     def experiment(request: Request) -> Response:
         name, version = _name(request), _version(request)
         live = views.experiment_live(ledger, settings, name, version)
-        return page(request, "experiment.html", live=live, results=views.experiment_results(ledger, name, live["version"]))
+        results = views.experiment_results(ledger, name, live["version"])
+        return page(request, "experiment.html", live=live, results=results)
 
     def experiment_runs(request: Request) -> Response:
         return page(request, "_runs.html", live=views.experiment_live(ledger, settings, _name(request), _version(request)))

@@ -72,7 +72,8 @@ def with_labels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def experiments_index(ledger: Ledger, settings: Settings) -> dict[str, Any]:
     """Every experiment version: its runs by state (status totals) and GPU-hours spent, estimated
-    and decided not spent (the report's totals); experiments decided before anything was queued."""
+    and decided not spent (the report's totals: it reads each experiment's runs, so this page costs
+    what `report` of every experiment does); experiments decided before anything was queued."""
     out = []
     for summary, _rows in iter_experiment_status(ledger, hung_after=settings.hung_after_seconds):
         totals = experiment_report(ledger, summary["experiment"], version=summary["version"])["totals"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
@@ -19,7 +20,7 @@ schema = 1
 [experiment]
 name = "queued-exp"
 method = "ggpo"
-seeds = [1, 2, 3]
+seeds = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11]  # 22 queued runs: more than the default page of 20
 gpus = 4
 loop_budget_seconds = 5
 executor = "debug"
@@ -36,7 +37,7 @@ templates = ["train_direct", "train_role"]
 
 @pytest.fixture(scope="module")
 def server(module_cli: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dashboard]:
-    """A ledger with an imported experiment (15 succeeded runs), one with 6 runs queued in Redis,
+    """A ledger with an imported experiment (15 succeeded runs), one with 22 runs queued in Redis,
     and a decision about an experiment never queued; the dashboard over it."""
     cli, tmp_path = module_cli, tmp_path_factory.mktemp("api")
     spec = tmp_path / "queued-exp.toml"
@@ -85,7 +86,8 @@ def test_api_status_is_status_json(server: Dashboard, module_cli: dict[str, str]
     assert data["experiments"] or data["decided"]  # never an empty comparison
     if not args:  # the default view holds every kind of content compared: queue positions, decisions
         queued = next(e for e in data["experiments"] if e["experiment"] == "queued-exp")
-        assert sorted(r["queue_position"] for r in queued["runs"]) == [1, 2, 3, 4, 5, 6]
+        positions = [r["queue_position"] for r in queued["runs"]]
+        assert len(positions) == 20 and queued["runs_not_shown"] == 2 and set(positions) <= set(range(1, 23))
         assert [d["experiment"] for d in data["decided"]] == ["paper-full"]
 
 
@@ -122,3 +124,21 @@ def test_api_experiment_and_run_carry_the_report_and_the_attempts(server: Dashbo
     run = json.loads(body)
     assert run["run"]["state"] == "queued" and run["attempts"] == [] and run["queue"] == "dashq"
     assert [e["to_state"] for e in run["events"]] == ["queued"]
+
+
+@pytest.mark.slow  # two requests, each waiting out the dashboard's 10 s ledger retry
+def test_a_ledger_gone_bad_under_the_server_is_503_with_one_line(cli: dict[str, str], tmp_path: Path) -> None:
+    import sqlite3
+
+    dash = Dashboard(cli, tmp_path / "dashboard.log")
+    try:
+        assert get(dash.url + "/api/status")[0] == 200
+        with sqlite3.connect(cli["GGPO_DB_URL"].removeprefix("sqlite:///")) as conn:
+            for table in ("events", "attempts", "runs", "experiments"):  # a damaged ledger: reading it fails
+                conn.execute(f"DROP TABLE {table}")
+        code, body = get(dash.url + "/api/status")
+        assert code == 503 and json.loads(body)["error"].startswith("the ledger database is unavailable: no such table")
+        code, body = get(dash.url + "/")
+        assert code == 503 and "the ledger database is unavailable" in body
+    finally:
+        dash.stop()

@@ -116,3 +116,10 @@ def test_a_screenshot_of_the_experiment_page_is_small(open_server: Dashboard, br
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and 20_000 < len(data) < 300_000, len(data)
     assert browsed.errors == []
+
+
+def test_a_loopback_dashboard_answers_only_to_loopback_host_names(open_server: Dashboard) -> None:
+    # DNS rebinding: a page of evil.example whose name now resolves to 127.0.0.1 must read nothing.
+    assert get(open_server.url + "/api/status", {"Host": f"evil.example:{open_server.port}"})[0] == 400
+    for host in ("127.0.0.1", "localhost"):
+        assert get(open_server.url + "/api/status", {"Host": f"{host}:{open_server.port}"})[0] == 200
