@@ -115,3 +115,22 @@ def test_profile_nodes_and_pace_are_validated():
 def test_gpu_hours_formula_is_nodes_x_gpus_per_node_x_seconds():
     assert gpu_hours(allocated_gpus(2, 4), 3600) == 8.0
     assert gpu_hours(allocated_gpus(1, 4), 1800) == 2.0
+
+
+@pytest.mark.redis
+def test_status_shows_nodes_x_gpus(ledger, settings):  # type: ignore[no-untyped-def]
+    import io
+
+    from rich.console import Console
+
+    from ggpo_batch.cli.tables import print_status
+    from ggpo_batch.enqueue import enqueue_spec
+    from ggpo_batch.reporting.status import iter_experiment_status
+
+    enqueue_spec(ledger, settings, load_spec(TWO_NODE), actor="tester")
+    [(summary, rows)] = list(iter_experiment_status(ledger))
+    assert (summary["nodes"], summary["gpus"]) == (2, 2)
+    out = io.StringIO()
+    print_status([{**summary, "runs": list(rows)}], Console(file=out, width=200))
+    assert "2 nodes x 2 GPUs/run" in out.getvalue()
+    assert "4 GPUs/run" not in out.getvalue()
