@@ -130,6 +130,7 @@ def test_follow_prints_what_the_job_writes_until_its_attempt_ends(led, env: dict
     folder = _folder(env)
     err = log_path(folder, "4242", 0, "stderr")
     written: list[str] = []
+    ended: list[float] = []
 
     def job() -> None:
         time.sleep(1.0)
@@ -140,16 +141,18 @@ def test_follow_prints_what_the_job_writes_until_its_attempt_ends(led, env: dict
             written.append(f"step {i}")
             time.sleep(0.4)
         led.mark_finished(KEY, 1, attempt_state="succeeded", run_state="succeeded", actor="t")
+        ended.append(time.monotonic())
         with open(err, "a") as fh:  # written after the end was booked: the follower does not wait for it
             fh.write("late line\n")
 
     t = threading.Thread(target=job)
-    t0 = time.monotonic()
     t.start()
     res = _logs(KEY, "-f", "--stream", "stderr")
+    returned = time.monotonic()
     t.join()
     assert res.exit_code == 0, res.output
     assert [line for line in res.output.splitlines() if line.startswith("step")] == [
         f"step {i} \u00e9t\u00e9" for i in range(5)]
     assert "waiting for it" in res.output  # said on stderr while the job had no log yet
-    assert time.monotonic() - t0 < 15  # it ended by itself, soon after the attempt did
+    # it ended by itself, soon after the attempt did (it checks the ledger every 2 s; a loaded machine)
+    assert ended and returned - ended[0] < 30
