@@ -14,8 +14,9 @@ GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (G
                  (per layer 34*T*H bytes in 16 bit without recomputation, 2*T*H with it, after
                  Korthikanti et al. 2022, attention fused)
     logits       chunked (train/logprobs.py, C_t x C_v = logprob_chunk_tokens x logprob_chunk_vocab):
-                 min(C_t, R*T)*min(C_v, V)*(16 + b) + R*T*H*(b + 4)   (one chunk's float32 logits,
-                 softmax and gradient; the gathered hidden states and their float32 gradient);
+                 min(C_t, R*T)*min(C_v, V)*(12 + b) + R*T*H*(b + 4)   (one chunk's logits in dtype and
+                 float32, a float32 temporary, its gradient; the gathered hidden states and their
+                 float32 gradient: the formula of train/logprobs.py);
                  unchunked (C_t = 0): R*T*V*(b + 8) (logits in dtype plus float32 log-softmax)
     context      1 GiB (CUDA context, allocator slack)
 
@@ -58,4 +59,4 @@ def logits_bytes(tokens: int, hidden: int, vocab: int, dtype_bytes: int, chunk_t
     b = dtype_bytes
     if not chunk_tokens:
         return tokens * vocab * (b + 8)
-    return min(chunk_tokens, tokens) * min(chunk_vocab or vocab, vocab) * (16 + b) + tokens * hidden * (b + 4)
+    return min(chunk_tokens, tokens) * min(chunk_vocab or vocab, vocab) * (12 + b) + tokens * hidden * (b + 4)

@@ -15,8 +15,10 @@ hidden size, V the vocabulary, b the dtype's bytes, C_t x C_v the chunk:
     unchunked  N' * V * (b + 4 + 4 + 4)     N' = rows x (tokens from the first masked column):
                                             logits, float32 copy, masked clone, log-softmax (kept
                                             for backward), and as much again for their gradient
-    chunked    C_t * C_v * (4 * 4 + b)      one chunk's float32 logits, softmax, gradient, the
-             + N * H * (b + 4)              gathered hidden states and their float32 gradient
+    chunked    C_t * C_v * (12 + b)         one chunk's logits out of the matmul (dtype), in float32
+                                            (softmax and gradient computed over them in place), a
+                                            float32 temporary of logsumexp, the gradient in dtype;
+             + N * H * (b + 4)              the gathered hidden states and their float32 gradient
              + V * H * b                    the LM head weight's gradient (which the unchunked
                                             backward produces too)
 
@@ -84,7 +86,7 @@ def _logits(h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, v0
     inside = banned[(banned >= v0) & (banned < v1)] - v0
     if inside.numel():
         z[:, inside] = float("-inf")
-    return z / temperature
+    return z.div_(temperature)  # in place: one chunk-sized float32 tensor, not two
 
 
 class _HeadLogprobs(torch.autograd.Function):
@@ -129,10 +131,10 @@ class _HeadLogprobs(torch.autograd.Function):
                 h, t, g = hidden[s:s + ct], targets[s:s + ct], grad[s:s + ct]
                 z = _logits(h, weight, bias, v0, v1, banned, ctx.temperature)
                 # d(z_t - lse)/dz = onehot(t) - softmax(z); banned entries have softmax 0 and no gradient.
-                dz = torch.exp(z - lse[s:s + ct, None]).mul_(-g[:, None])
+                dz = z.sub_(lse[s:s + ct, None]).exp_().mul_(-g[:, None])  # in place, over z
                 rows = torch.nonzero((t >= v0) & (t < v1)).flatten()
                 dz[rows, t[rows] - v0] += g[rows]
-                dz = (dz / ctx.temperature).to(weight.dtype)
+                dz = dz.div_(ctx.temperature).to(weight.dtype)
                 if gh is not None:
                     gh[s:s + ct] += (dz @ weight[v0:v1]).float()
                 if gw_c is not None:
