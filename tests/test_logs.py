@@ -4,7 +4,9 @@ while it trains: tests/test_live_job.py."""
 
 from __future__ import annotations
 
-import threading
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from ggpo_batch.cli import cli
 from ggpo_batch.joblogs import DEBUG_ERROR_NAME, log_path, tail_text
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
+from tests.support.paths import REPO
 
 KEY = "lg-v1-1-clean"
 
@@ -123,36 +126,32 @@ def test_tail_reads_the_last_lines_of_a_large_file(tmp_path: Path) -> None:
 
 
 def test_follow_prints_what_the_job_writes_until_its_attempt_ends(led, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
-    """The attempt runs with no log yet: -f waits, then prints each line as it is written, and returns
-    once the ledger books the attempt's end (what was written before the end included)."""
+    """The attempt runs with no log yet: `logs -f` (a real process) says it waits; then the job writes
+    and each line is printed; the follower returns by itself once the ledger books the attempt's end."""
     _submitted(led)
     led.mark_running(KEY, 1, actor="t")
     folder = _folder(env)
     err = log_path(folder, "4242", 0, "stderr")
-    written: list[str] = []
-    ended: list[float] = []
-
-    def job() -> None:
-        time.sleep(1.0)
+    follower = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f", "--rank", "0",
+                                 "--stream", "stderr"],
+                                cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, encoding="utf-8")
+    try:
+        said = follower.stderr.readline()  # type: ignore[union-attr]  # blocks until it speaks (or exits)
+        assert "has no log yet" in said and "waiting for it" in said, said
         folder.mkdir(parents=True, exist_ok=True)
         for i in range(5):
             with open(err, "a") as fh:
                 fh.write(f"step {i} \u00e9t\u00e9\n")  # multi-byte characters, split across reads or not
-            written.append(f"step {i}")
             time.sleep(0.4)
         led.mark_finished(KEY, 1, attempt_state="succeeded", run_state="succeeded", actor="t")
-        ended.append(time.monotonic())
-        with open(err, "a") as fh:  # written after the end was booked: the follower does not wait for it
-            fh.write("late line\n")
-
-    t = threading.Thread(target=job)
-    t.start()
-    res = _logs(KEY, "-f", "--stream", "stderr")
-    returned = time.monotonic()
-    t.join()
-    assert res.exit_code == 0, res.output
-    assert [line for line in res.output.splitlines() if line.startswith("step")] == [
-        f"step {i} \u00e9t\u00e9" for i in range(5)]
-    assert "waiting for it" in res.output  # said on stderr while the job had no log yet
-    # it ended by itself, soon after the attempt did (it checks the ledger every 2 s; a loaded machine)
-    assert ended and returned - ended[0] < 30
+        ended = time.monotonic()
+        out, rest = follower.communicate(timeout=60)
+        # it ended by itself, soon after the attempt did (it checks the ledger every 2 s; a loaded machine)
+        assert time.monotonic() - ended < 30
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.wait()
+    assert follower.returncode == 0, rest
+    assert out.splitlines() == [f"step {i} \u00e9t\u00e9" for i in range(5)]

@@ -79,13 +79,14 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
             current()
         except NoLog as exc:
             click.echo(f"{exc.message}; waiting for it (Ctrl-C stops)", err=True)
+    many = 1 if rank is not None and stream != "both" else 2  # headers unless one file can be followed
     for f in first if lines is not None else ():
-        _header(f.path, 2)
+        _header(f.path, many)
         click.echo(tail_text(f.path, lines), nl=False)
     shown = None
     for f, text in follow_files(files_now, running, start_at_end=lines is not None):
         if f.path != shown:
-            _header(f.path, 2)
+            _header(f.path, many)
             shown = f.path
         click.echo(text, nl=False)
         sys.stdout.flush()
