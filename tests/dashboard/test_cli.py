@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.dashboard.server import cli_env, ggpo
 from tests.support.paths import REPO
 
@@ -58,6 +60,8 @@ print(codes, "torch" in sys.modules)
 """
 
 
+@pytest.mark.redis
+@pytest.mark.slow  # about 8 s: a server in a subprocess, every page rendered
 def test_serving_every_page_never_imports_torch(cli: dict[str, str]) -> None:
     done = ggpo(cli, "ledger", "import", str(REPO / "tests/data/000_b2e3fe1f0148d43c.txt"), "--name", "exp")
     assert done.returncode == 0, done.stderr

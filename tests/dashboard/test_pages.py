@@ -49,6 +49,7 @@ def _visit(b: Browsed, url: str) -> str:
     return b.page.content()
 
 
+@pytest.mark.slow  # about 12 s: every page, and a refresh cycle
 def test_every_page_loads_without_console_errors_and_shows_the_ledger(open_server: Dashboard,
                                                                        browsed: Browsed) -> None:
     page = browsed.page
@@ -90,6 +91,7 @@ def test_the_token_is_enforced_on_every_route(token_server: Dashboard, path: str
     assert code == 200 and TOKEN not in body
 
 
+@pytest.mark.slow  # about 8 s
 def test_a_browser_opens_with_the_token_once_and_keeps_it_in_a_cookie(token_server: Dashboard, browsed: Browsed,
                                                                     chromium: object) -> None:
     page = browsed.page

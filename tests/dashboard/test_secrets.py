@@ -14,7 +14,7 @@ from tests.dashboard.conftest import Browsed
 from tests.dashboard.server import Dashboard, cli_env, get, ggpo
 from tests.support.services import wipe_pg
 
-pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis]
+pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]  # 10 s and more
 
 PG_PASSWORD = "Pg-Secret-9f3kQ"
 REDIS_PASSWORD = "Redis-Secret-77xZ"
