@@ -60,7 +60,8 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-6) -> GroupAdvantage
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each target token: logits [B, T, V] (predicting targets [B, T]) -> [B, T]."""
+    """Log-probability of each target token: logits [B, T, V] (predicting targets [B, T]) -> [B, T].
+    Materialises [B, T, V] float32: the trainer uses train/logprobs.py's chunked equivalent."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
 
