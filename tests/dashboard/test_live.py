@@ -94,6 +94,8 @@ def test_the_page_follows_a_real_worker_without_a_reload(queued: Dashboard, cli:
     between = {s for states in seen[1:-1] for s in states.values()}
     assert between & {"submitting", "submitted", "running"}, seen  # the page showed the runs under way
     assert page.evaluate("window.__sameDocument") is True
+    # the jobs' last heartbeats, which reconcile copied into the ledger
+    assert all(page.locator(f"tr[data-run='{k}'] td.heartbeat").inner_text().startswith("step ") for k in KEYS)
     page.wait_for_timeout(2500)  # the totals line follows too
     assert "2 succeeded" in page.locator("p.totals").inner_text()
     screenshot_experiment(page, queued.url + "/experiments/live-demo", tmp_path / "experiment.png")
