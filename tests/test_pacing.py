@@ -9,7 +9,14 @@ import time
 import pytest
 import redis
 
-from ggpo_batch.executor.pacing import LocalBucket, RedisBucket, SubmitPace, Unpaced, bucket_key, make_bucket
+from ggpo_batch.executor.pacing import (
+    LocalBucket,
+    RedisBucket,
+    SubmitPace,
+    Unpaced,
+    bucket_key,
+    make_bucket,
+)
 
 
 def over_limit(times: list[float], pace: SubmitPace, slack: float = 1.0) -> bool:
