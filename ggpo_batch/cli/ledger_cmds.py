@@ -117,20 +117,18 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: 
 
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
-    from ..reporting.status import decided_experiments, iter_experiment_status
+    from ..reporting.status import StatusQuery, decided_experiments, iter_experiment_status
     from ..states import RUN_STATES
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
     led = app.ledger()
-    attention = not all_runs and not states
-    if limit is None:
-        limit = 20 if attention else None
-    it = iter_experiment_status(led, experiment=experiment, states=states or None, attention=attention,
-                                limit=limit or None, positions=None if app.settings.inline_queue else _positions(app),
+    query = StatusQuery.of(states, all_runs=all_runs, limit=limit)
+    it = iter_experiment_status(led, experiment=experiment, states=query.states, attention=query.attention,
+                                limit=query.limit, positions=None if app.settings.inline_queue else _positions(app),
                                 hung_after=app.settings.hung_after_seconds)
-    wants_decided = not states or "not_reproduced" in states
+    wants_decided = query.with_decided
     if as_json:
         _stream_json(it, lambda: decided_experiments(led, experiment=experiment) if wants_decided else [])
         return

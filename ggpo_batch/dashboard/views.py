@@ -18,6 +18,7 @@ from ..ledger import Ledger
 from ..ledger.heartbeats import attempt_heartbeat
 from ..reporting.report import experiment_report
 from ..reporting.status import (
+    StatusQuery,
     decided_experiments,
     experiment_status,
     iter_experiment_status,
@@ -53,16 +54,12 @@ def status_document(ledger: Ledger, settings: Settings, *, experiment: str | Non
                     states: Iterable[str] = (), all_runs: bool = False, limit: int | None = None) -> dict[str, Any]:
     """Exactly what `ggpo-batch status --json [-e NAME] [-s STATE] [--runs] [--limit N]` prints:
     {"experiments": [summary + "runs"], "decided": [...]}, from the same calls with the same defaults."""
-    states = list(states)
-    attention = not all_runs and not states
-    if limit is None:
-        limit = 20 if attention else None
-    experiments = experiment_status(ledger, experiment=experiment, states=states or None, attention=attention,
-                                    limit=limit or None, positions=queue_positions(settings),
+    query = StatusQuery.of(states, all_runs=all_runs, limit=limit)
+    experiments = experiment_status(ledger, experiment=experiment, states=query.states, attention=query.attention,
+                                    limit=query.limit, positions=queue_positions(settings),
                                     hung_after=settings.hung_after_seconds)
-    wants_decided = not states or "not_reproduced" in states
     return {"experiments": experiments,
-            "decided": decided_experiments(ledger, experiment=experiment) if wants_decided else []}
+            "decided": decided_experiments(ledger, experiment=experiment) if query.with_decided else []}
 
 
 def with_labels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -71,19 +68,18 @@ def with_labels(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def experiments_index(ledger: Ledger, settings: Settings) -> dict[str, Any]:
-    """Every experiment version: its runs by state (status totals) and GPU-hours spent, estimated
-    and decided not spent (the report's totals: it reads each experiment's runs, so this page costs
-    what `report` of every experiment does); experiments decided before anything was queued."""
+    """Every experiment version: its runs by state and GPU-hours spent, estimated and decided not
+    spent, all from status's totals (computed in SQL: this page, refreshed every few seconds, costs
+    the same at 100 runs and at 100,000); experiments decided before anything was queued."""
     out = []
-    for summary, _rows in iter_experiment_status(ledger, hung_after=settings.hung_after_seconds):
-        totals = experiment_report(ledger, summary["experiment"], version=summary["version"])["totals"]
+    for summary, _rows in iter_experiment_status(ledger, hung_after=settings.hung_after_seconds):  # rows never read
         out.append({"experiment": summary["experiment"], "version": summary["version"],
                     "method": summary["method"], "source": summary["source"], "gpus": summary["gpus"],
                     "states": summary["totals"]["states"], "runs": summary["totals"]["runs"],
                     "attempts": summary["totals"]["attempts"], "hung_runs": summary.get("hung_runs", 0),
-                    "spent_gpu_hours": totals["spent_gpu_hours"],
-                    "estimated_gpu_hours": totals["estimated_gpu_hours"],
-                    "decided_not_spent_gpu_hours": totals["decided_not_spent_gpu_hours"],
+                    "spent_gpu_hours": summary["totals"]["allocated_gpu_hours"],
+                    "estimated_gpu_hours": summary["estimated_gpu_hours"],
+                    "decided_not_spent_gpu_hours": summary["decided_not_spent_gpu_hours"],
                     "max_gpu_hours": summary["max_gpu_hours"]})
     return {"experiments": out, "decided": decided_experiments(ledger)}
 

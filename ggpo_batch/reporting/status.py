@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -128,6 +129,29 @@ def _nodes(ledger: Ledger, ids: list[int]) -> dict[int, int]:
     return {i: int((spec or {}).get("nodes", 1)) if isinstance(spec, dict) else 1 for i, spec in rows}
 
 
+ATTENTION_PAGE = 20  # runs that need a look listed per experiment by default
+
+
+@dataclass(frozen=True)
+class StatusQuery:
+    """What `status` lists, from its options: one rule for the CLI and the dashboard's API."""
+
+    states: list[str] | None  # only runs in these states (None: all)
+    attention: bool  # only the runs that need a look
+    limit: int | None  # most runs listed per experiment (None: all)
+    with_decided: bool  # list the experiments decided before anything was queued
+
+    @classmethod
+    def of(cls, states: Iterable[str] = (), *, all_runs: bool = False, limit: int | None = None) -> StatusQuery:
+        """Default: the runs that need a look, ATTENTION_PAGE at most; `--runs` or `--state`: every
+        such run; `limit` 0 means no limit."""
+        wanted = list(states) or None
+        attention = not all_runs and wanted is None
+        if limit is None:
+            limit = ATTENTION_PAGE if attention else None
+        return cls(wanted, attention, limit or None, wanted is None or "not_reproduced" in wanted)
+
+
 def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, states: Iterable[str] | None = None,
                            attention: bool = False, limit: int | None = None, positions: Positions | None = None,
                            hung_after: float = HUNG_AFTER_SECONDS) -> Iterator[tuple[dict[str, Any], Iterator[dict[str, Any]]]]:
@@ -168,6 +192,10 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "totals": _totals(cells),
             "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells),  # of the runs in view
             "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
+            # GPU-hours decided not to spend: the estimates of the runs decided not reproduced
+            "decided_not_spent_gpu_hours": (_sum_known(c.estimated_gpu_hours for c in cells
+                                                       if c.state == "not_reproduced")
+                                            if any(c.state == "not_reproduced" for c in cells) else 0.0),
             "hung_runs": ledger.hung_count(exp.id, cutoff=datetime.fromtimestamp(now - hung_after, tz=UTC))
             if any(c.state == "running" for c in cells) else 0,
             "hung_after_seconds": hung_after,
