@@ -72,7 +72,7 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
     est = {e.run_key: e for e in res.estimate.runs} if res.estimate else {}
     if as_json:
         echo_json({"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
-                   "runs": [{"run_key": r.run_key, "arm": r.arm.name, "seed": r.seed, "gpus": r.gpus,
+                   "runs": [{"run_key": r.run_key, "arm": r.arm.name, "seed": r.seed, "gpus": r.gpus, "nodes": r.nodes,
                              "new": r.run_key in res.new_runs,
                              "estimated_gpu_hours": est[r.run_key].gpu_hours if r.run_key in est else None}
                             for r in res.runs],
