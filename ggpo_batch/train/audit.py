@@ -18,7 +18,10 @@ was built from:
    reported for its trajectory (as many as it reported, where it placed them, and the row holds the
    backend's tokens there, after its item's re-rendered prompt); a masked prompt, tool-output
    (retrieved passage) or padding position is reported as such, so is a generated token missing
-   from the mask; no tool delimiter is ever under the mask.
+   from the mask; no tool delimiter is ever under the mask;
+4. weight sync: after every push of the policy's weights into the rollout backend, the backend's
+   log-probs of a fixed sequence matched the policy's (train/weight_sync.py): rollouts came from
+   the weights they are credited to, not from a stale copy.
 
 TRAINING_STATUS_VALIDATED (ggpo_batch.run_record) may be written only when no rank finds a problem;
 otherwise the record says TRAINING_STATUS_AUDIT_FAILED and the details file lists every problem.
@@ -29,12 +32,15 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .codec import ByteCodec, Codec
 from .task import Item, score
+
+if TYPE_CHECKING:
+    from .weight_sync import ProbeLog
 
 # What `audit` checks, as the details file lists it.
 CHECKS = (
@@ -44,6 +50,8 @@ CHECKS = (
     ("mask: each loss row masks exactly the generated-token positions the rollout backend reported for its "
      "trajectory, and holds the backend's tokens there after its item's re-rendered prompt"),
     "mask: no prompt, tool-output (retrieved passage), tool-delimiter or padding token carries loss",
+    ("weight sync: after each push into the rollout backend, its log-probs of a fixed sequence equal the "
+     "policy's within the probe's tolerance"),
 )
 REWARD_TOL = 1e-6
 ADVANTAGE_TOL = 1e-5
@@ -82,6 +90,7 @@ class AuditResult:
     rows_checked: int = 0
     generated_tokens_checked: int = 0
     problems: list[str] = field(default_factory=list)
+    probes: list[ProbeLog | None] = field(default_factory=list)  # each rank's weight-sync probes (None: no push)
 
     @property
     def ok(self) -> bool:
@@ -89,9 +98,12 @@ class AuditResult:
 
     def details(self) -> dict[str, Any]:
         """The audit's section of the details file: what was checked, how much, and every problem."""
+        from .weight_sync import merged_details
+
         return {"ok": self.ok, "checked": list(CHECKS), "steps_checked": self.steps_checked,
                 "trajectories_checked": self.trajectories_checked, "rows_checked": self.rows_checked,
-                "generated_tokens_checked": self.generated_tokens_checked, "problems": list(self.problems)}
+                "generated_tokens_checked": self.generated_tokens_checked, "problems": list(self.problems),
+                "weight_sync_probe": merged_details(self.probes)}
 
 
 def answer_text(turns: Iterable[tuple[int, tuple[int, ...]]], codec: Codec | None = None) -> str:
@@ -100,10 +112,13 @@ def answer_text(turns: Iterable[tuple[int, tuple[int, ...]]], codec: Codec | Non
     return (codec or ByteCodec()).answer_text(list(turns[-1][1])) if turns else ""
 
 
-def audit(evidence: Iterable[StepEvidence], codec: Codec | None = None) -> AuditResult:
-    """Audit every step of `evidence`; `codec` is the policy's (the byte vocabulary's when None)."""
+def audit(evidence: Iterable[StepEvidence], codec: Codec | None = None, probe: ProbeLog | None = None) -> AuditResult:
+    """Audit every step of `evidence`; `codec` is the policy's (the byte vocabulary's when None); `probe`
+    the rank's weight-sync probes (None when its backend samples from the policy module itself)."""
     codec = codec or ByteCodec()
-    res = AuditResult()
+    res = AuditResult(probes=[probe])
+    if probe is not None:
+        res.problems += probe.problems()
     for ev in evidence:
         res.steps_checked += 1
         _audit_step(ev, res, codec)

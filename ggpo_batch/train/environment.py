@@ -58,7 +58,7 @@ def run_episodes(trajectories: list[Trajectory], backend: RolloutBackend, retrie
     room = codec.max_model_len
     active = [i for i, t in enumerate(trajectories) if len(t.tokens) < room]
     for turn in range(max_turns):
-        if not active:
+        if not active and not backend.collective:  # a collective backend's group calls it as often on every rank
             break
         prompts = [trajectories[i].tokens for i in active]
         limits = [min(max_new_tokens, room - len(p)) for p in prompts]

@@ -268,8 +268,9 @@ class TrainingJob(submitit.helpers.Checkpointable):
             raise
         finally:
             trainer.close()
-            dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
-            dist.destroy_process_group()
+            if dist.is_initialized():  # a colocated vLLM engine's shutdown destroys the group itself
+                dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
+                dist.destroy_process_group()
 
 
 def policy_dir(record: Path) -> Path:

@@ -2,14 +2,14 @@
 (`backends.make_backend` chooses).
 
 A backend samples one continuation per prompt from the *behaviour* policy and returns the tokens
-with their log-probs; after each update the trainer pushes the new weights (`sync_weights`).
-The same training loop drives every backend.
+with their log-probs; after each update the trainer streams the new weights in (`sync_weights`) and
+probes them (`prompt_logprobs`, train/weight_sync.py). The same training loop drives every backend.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -23,8 +23,34 @@ class Generation:
     logprobs: tuple[float, ...]  # behaviour log-prob of each sampled token
 
 
+Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+
+
+def weight_items(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
+    """(name, tensor) pairs of a state dict or of a stream of them."""
+    return weights.items() if isinstance(weights, Mapping) else weights
+
+
+def sequence_logprobs(model: torch.nn.Module, tokens: Sequence[int], device: torch.device) -> list[float]:
+    """Log-prob of each token after the first under `model`, at temperature 1 over the whole vocabulary
+    (what vLLM's prompt log-probs are). Under ZeRO-3 a collective: every rank runs the forward."""
+    ids = torch.tensor([list(tokens)], device=device)
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0, :-1]
+    finally:
+        model.train(training)
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[0, 1:, None])[:, 0].cpu().tolist()
+
+
 class RolloutBackend(abc.ABC):
     """Samples continuations from the behaviour copy of the policy."""
+
+    # True when `generate` is a collective over a group of ranks (vLLM with tensor parallelism): every
+    # rank of the group must call it as many times, with no prompts when it has none left.
+    collective = False
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
@@ -33,8 +59,14 @@ class RolloutBackend(abc.ABC):
         or after max_new_tokens (one limit for all, or one per prompt)."""
 
     @abc.abstractmethod
-    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Load the policy's current full weights into the behaviour copy."""
+    def sync_weights(self, weights: Weights) -> int:
+        """Load the policy's current full weights into the behaviour copy, one tensor at a time as the
+        stream yields them (a tensor may be freed once the next is asked for); returns how many."""
+
+    def prompt_logprobs(self, tokens: Sequence[int]) -> list[float]:
+        """Log-prob of each token after the first under the behaviour weights, at temperature 1 over the
+        whole vocabulary (the weight-sync probe)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot be probed after a weight push")
 
     def sleep(self) -> None:
         """Free accelerator memory during the update (vLLM); no-op where nothing is held."""
@@ -53,11 +85,17 @@ class TorchSampler(RolloutBackend):
         self.model = model  # a behaviour copy, or the policy module itself (ZeRO-2: nothing to sync)
         self.codec = codec or ByteCodec()
 
-    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+    def sync_weights(self, weights: Weights) -> int:
         own = dict(self.model.named_parameters())
+        n = 0
         with torch.no_grad():
-            for name, tensor in state.items():
+            for name, tensor in weight_items(weights):
                 own[name].copy_(tensor.to(own[name].dtype))
+                n += 1
+        return n
+
+    def prompt_logprobs(self, tokens: Sequence[int]) -> list[float]:
+        return sequence_logprobs(self.model, tokens, next(self.model.parameters()).device)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:

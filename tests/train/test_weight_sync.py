@@ -1,0 +1,73 @@
+"""The post-update weight push and its probe (train/weight_sync.py) with the torch sampler's behaviour
+copy: an honest push passes; a push that silently skips a layer fails the probe and the rollout audit."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from ggpo_batch.train.audit import audit
+from ggpo_batch.train.codec import ByteCodec
+from ggpo_batch.train.config import TrainConfig
+from ggpo_batch.train.model import build_model
+from ggpo_batch.train.rollout import TorchSampler
+from ggpo_batch.train.task import load
+from ggpo_batch.train.weight_sync import PROBE_TOLERANCE, ProbeLog, WeightSync, merged_details, probe_sequence
+
+pytestmark = pytest.mark.train
+
+
+class SkipsALayer(TorchSampler):
+    """The planted defect: the push drops every tensor of block 1 without a word."""
+
+    def sync_weights(self, weights):  # type: ignore[no-untyped-def]
+        return super().sync_weights((n, t) for n, t in weights if ".h.1." not in n)
+
+
+def _update(policy: torch.nn.Module) -> None:
+    """Stand-in for one optimizer step: every weight moves a little."""
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 1e-2)
+
+
+@pytest.mark.parametrize("backend_class, passes", [(TorchSampler, True), (SkipsALayer, False)])
+def test_probe_catches_a_push_that_skips_a_layer(backend_class, passes):  # type: ignore[no-untyped-def]
+    cfg = TrainConfig()
+    codec, policy = ByteCodec(), build_model(cfg, 0)
+    backend = backend_class(copy.deepcopy(policy).eval(), codec)
+    tokens = probe_sequence(codec, load(cfg).train[0])
+    sync = WeightSync(policy, 2, backend, tokens, PROBE_TOLERANCE["float32"], torch.device("cpu"))
+    for step in range(2):
+        _update(policy)
+        seconds = sync.push(step)
+        assert seconds >= 0
+    log = sync.log
+    assert log.steps_checked == 2 and log.passed is passes
+    if passes:
+        assert log.largest_difference < 1e-5
+    else:
+        assert log.largest_difference > PROBE_TOLERANCE["float32"] and [s for s, _ in log.failures] == [0, 1]
+    res = audit([], codec, log)
+    assert bool(res.problems) is not passes
+    assert all("weight-sync probe after step" in p for p in res.problems)
+    details = res.details()["weight_sync_probe"]
+    assert details["checked"] and details["passed"] is passes and details["steps_checked"] == 2
+    assert details["tolerance"] == PROBE_TOLERANCE["float32"]
+
+
+def test_merged_probe_details_over_ranks():
+    good, bad = ProbeLog(1e-3), ProbeLog(1e-3)
+    good.add(0, 1e-6)
+    good.add(1, 2e-6)
+    bad.add(0, 1e-6)
+    bad.add(1, float("nan"))  # a NaN gap fails
+    merged = merged_details([good, bad])
+    assert merged["passed"] is False and merged["failed_steps"] == [1] and merged["steps_checked"] == 2
+    assert merged_details([good])["passed"] is True
+    assert merged_details([None, None]) == {"checked": False,
+                                            "reason": "rollouts sample from the policy module itself: no weight push"}
+    assert ProbeLog(1e-3).passed is False  # nothing probed is not a pass
