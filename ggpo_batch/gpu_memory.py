@@ -8,7 +8,8 @@ GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (G
     optimizer    (12 if b < 4 else 8)*P/N  (fp32 master copy + Adam's two moments, partitioned)
     reference    P*b (z = 2)  P*b/N (z = 3) (train/reference.py: partitioned like the policy at z = 3)
     rollout      0 for the torch sampler at z = 2 (it samples from the policy module itself), P*b
-                 at z = 3 (its behaviour copy), or U*M for vLLM (its reservation: U =
+                 at z = 3 (the policy's weights gathered while it rolls out, partitioned again
+                 before the update: counted as if at once), or U*M for vLLM (its reservation: U =
                  vllm_gpu_memory_utilization of the GPU's M bytes)
     activations  R*T*H*L*(2 if gradient_checkpointing else 34)*b/2 + logits
                  (per layer 34*T*H bytes in 16 bit without recomputation, 2*T*H with it, after

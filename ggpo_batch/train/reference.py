@@ -89,14 +89,13 @@ class Reference:
 
 
 def resident_elements(module: torch.nn.Module) -> tuple[int, int]:
-    """(elements this rank holds, elements of the whole model) of `module`'s parameters: under ZeRO-3
-    a partitioned parameter counts its local partition, a persistent one its whole tensor."""
+    """(elements of the weights this rank holds, elements of the whole model) of `module`'s parameters:
+    under ZeRO-3 a partitioned parameter counts its local partition, a gathered or persistent one its
+    whole tensor (its partition beside it is not counted again)."""
     held = total = 0
     for p in module.parameters():
         full = int(getattr(p, "ds_numel", p.numel()))
         total += full
-        if getattr(p, "ds_persist", False) or not hasattr(p, "ds_tensor"):
-            held += full
-        else:
-            held += int(p.ds_tensor.numel()) + int(p.data.numel())  # data is empty while partitioned
+        gathered = p.data.numel() > 0  # a partitioned parameter's data is an empty placeholder
+        held += full if gathered or not hasattr(p, "ds_tensor") else int(p.ds_tensor.numel())
     return held, total

@@ -7,9 +7,11 @@ groups, DeepSpeed averages gradients, and counts are summed across ranks at the 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,10 +73,10 @@ class Trainer:
         self.reference = Reference(copy.deepcopy(model), zero_stage=cfg.zero_stage, device=device, bf16=bf16,
                                    fp16=fp16)
         self.chunks = Chunks(cfg.logprob_chunk_tokens, cfg.logprob_chunk_vocab)
-        # Torch rollouts under ZeRO-2 sample from the policy module itself (every rank holds its whole
-        # weights): no behaviour copy to push weights into after each update. ZeRO-3 partitions the
-        # weights (the sampler gets a copy); vLLM serves its own.
-        self.shares_policy = cfg.rollout == "torch" and cfg.zero_stage < 3
+        # Torch rollouts sample from the policy module itself: no behaviour copy to push weights into
+        # after each update. Under ZeRO-2 every rank holds the whole weights; under ZeRO-3 they are
+        # gathered for the rollouts only (`_generation_weights`). vLLM serves its own copy.
+        self.shares_policy = cfg.rollout == "torch"
         behaviour = (copy.deepcopy(model).to(device).requires_grad_(False).eval()
                      if cfg.rollout == "torch" and not self.shares_policy else model)
         self.micro_batches = micro_batches(cfg, world)
@@ -115,10 +117,11 @@ class Trainer:
                 group += [start(item, tmpl, prompt) for _ in range(per)]
             trajs.append(group)
         flat = [t for ts in trajs for t in ts]
-        run_episodes(flat, self.backend, self.retriever, max_turns=self.cfg.max_turns,
-                     max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
-                     top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
-                     seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31), codec=self.codec)
+        with self._generation_weights():
+            run_episodes(flat, self.backend, self.retriever, max_turns=self.cfg.max_turns,
+                         max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
+                         top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
+                         seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31), codec=self.codec)
         return trajs
 
     def _aux_examples(self, groups: list[GroupSpec], trajs: list[list[Trajectory]]) -> list[tuple[list[int], int]]:
@@ -297,7 +300,22 @@ class Trainer:
         """The held-out evaluation (train/evaluation.py): per-item rewards, split by exposure in this arm."""
         from .evaluation import evaluate
 
-        return evaluate(self)
+        with self._generation_weights():
+            return evaluate(self)
+
+    @contextlib.contextmanager
+    def _generation_weights(self) -> Iterator[None]:
+        """The policy's whole weights while the torch sampler generates from it. Under ZeRO-3 DeepSpeed's
+        `unwrap_model_for_generation` gathers them once for the phase with its hooks off (per-layer
+        gathers for every token would crawl) and re-partitions them after: the full weights exist only
+        while rolling out, never beside the update's activations."""
+        if self.cfg.zero_stage < 3 or self.cfg.rollout != "torch":
+            yield
+            return
+        from deepspeed.runtime.zero.stage3 import unwrap_model_for_generation
+
+        with unwrap_model_for_generation(self.engine):
+            yield
 
     def totals(self) -> dict[str, int]:
         """Counts, costs and aux sources summed over ranks."""

@@ -41,6 +41,11 @@ def main(argv: list[str]) -> int:
         state = {k: v * 1.02 for k, v in state.items()}
     ref.load_state_dict(state)
     fixed = trainer._rollouts(trainer.curriculum.step_groups(0), 0)
+    # Torch rollouts: the sampler is the policy module; under ZeRO-3 whole only while generating.
+    out["sampler_is_policy"] = getattr(trainer.backend, "model", None) is trainer.engine.module
+    with trainer._generation_weights():
+        out["policy_held_generating"] = resident_elements(trainer.engine.module)[0]
+    out["policy_held_after"] = resident_elements(trainer.engine.module)[0]
     trainer._rollouts = lambda groups, step: copy.deepcopy(fixed)
     trainer.step()
     trainer.step()  # reference_refresh_steps = 2: the reference differs from the policy here, then refreshes

@@ -1,7 +1,8 @@
 """The reference model under ZeRO-3 on 2 gloo ranks: a DeepSpeed engine whose parameters are
 partitioned like the policy's (each rank holds about half), round-tripped through a checkpoint's
 state, refreshed from the policy parameter by parameter; two updates whose KL term reads it match
-ZeRO-2 with a whole reference on every rank to 1e-5, and a perturbed reference is caught."""
+ZeRO-2 with a whole reference on every rank to 1e-5, and a perturbed reference is caught. The torch
+sampler under ZeRO-3 is the policy itself, its weights gathered only while it generates."""
 
 from __future__ import annotations
 
@@ -61,6 +62,9 @@ def test_the_zero3_reference_is_partitioned_over_the_ranks(runs):  # type: ignor
         assert "model.embed_tokens.weight" in r["reference_partitioned"]
         assert any(".mlp.down_proj." in n for n in r["reference_partitioned"])
     assert sum(r["reference_held"] for r in z3) < 1.05 * z3[0]["reference_total"]
+    for r in z3:  # no behaviour copy: the torch sampler gathers the policy for the rollouts only
+        assert r["sampler_is_policy"] and r["policy_held_generating"] == r["policy_total"]
+        assert r["policy_held_after"] == r["policy_held"] < 0.55 * r["policy_total"]
     for r in z2:  # ZeRO-2: the policy is whole on every rank, and so is the plain reference
         assert not r["reference_is_engine"] and r["reference_held"] == r["reference_total"]
 
