@@ -106,12 +106,22 @@ def _save_builtin(model: Any, folder: Path) -> Path:
     model.config.save_pretrained(folder)
     state: dict[str, torch.Tensor] = {}
     stored: set[int] = set()
-    for name, t in model.state_dict().items():
-        if t.data_ptr() not in stored:  # the embedding, not the LM head tied to it
-            stored.add(t.data_ptr())
-            state[name] = t.detach().cpu().contiguous()
+    partitioned = [p for p in model.parameters() if hasattr(p, "ds_id")]  # ZeRO-3 shards: gathered (collective)
+    with _gathered(partitioned):
+        for name, t in model.state_dict().items():
+            if t.data_ptr() not in stored:  # the embedding, not the LM head tied to it
+                stored.add(t.data_ptr())
+                state[name] = t.detach().cpu().clone().contiguous()
     save_file(state, str(folder / "model.safetensors"))
     return folder
+
+
+def _gathered(params: list[torch.nn.Parameter]) -> Any:
+    if not params:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
 class VllmBackend(RolloutBackend):
