@@ -1,5 +1,7 @@
 """Files created under a folder while a block runs, from the kernel (Linux inotify through ctypes): a
-file written and deleted again before the block ends is still seen, which a listing afterwards misses."""
+file written and deleted again before the block ends is still seen, which a listing afterwards misses.
+A folder made meanwhile is watched once its creation event is read (milliseconds): a file made and
+deleted inside it before then is missed."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import struct
 import threading
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 IN_CREATE, IN_MOVED_TO, IN_ISDIR, IN_NONBLOCK = 0x100, 0x80, 0x40000000, 0o4000
 _EVENT = struct.Struct("iIII")
@@ -66,7 +69,7 @@ class CreatedFiles:
                 else:
                     self.paths.add(path)
 
-    def __enter__(self) -> CreatedFiles:
+    def __enter__(self) -> Self:
         self._fd = self._libc.inotify_init1(IN_NONBLOCK)
         if self._fd < 0:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")

@@ -4,6 +4,7 @@ CPU: it trains through both ZeRO stages, measures every figure it prints, and it
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ SCRIPT = REPO / "tools" / "gpu" / "train_qwen05b.py"
 
 def test_tiny_run_reports_every_figure_for_both_stages():
     out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--json"], cwd=REPO, capture_output=True, text=True,
-                         timeout=400, env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         timeout=400, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
     assert report["device"] == "cpu" and [r["zero_stage"] for r in report["stages"]] == [2, 3]
@@ -28,10 +29,10 @@ def test_tiny_run_reports_every_figure_for_both_stages():
         assert r["train_model_tflops"] > 0 and r["mfu"] is None and r["peak_gpu_memory_gib"] is None  # CPU
         assert len(r["weight_sync_seconds"]) == 3 and all(s > 0 for s in r["weight_sync_seconds"])
         assert r["probe"]["passed"] and r["probe"]["largest_difference"] <= r["probe"]["tolerance"]
-        assert len(r["loss"]) == 3 and all(x == x for x in r["loss"])  # finite
+        assert len(r["loss"]) == 3 and all(math.isfinite(x) for x in r["loss"])
 
 
 def test_bad_stage_is_a_usage_error():
     out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--stages", "1"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, check=False)
     assert out.returncode == 2 and "--stages" in out.stderr

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,8 +37,7 @@ def start_ranks(tmp_path, out, module: str, *args: str, world: int = 2) -> None:
     try:
         while any(p.poll() is None for p in procs):
             failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-            assert not failed and time.monotonic() < deadline, \
-                open(f"{out}.rank{(failed or [0])[0]}.log").read()[-3000:]
+            assert not failed and time.monotonic() < deadline, log_tail(out, (failed or [0])[0])
             time.sleep(1)
     finally:
         for p in procs:
@@ -45,13 +45,17 @@ def start_ranks(tmp_path, out, module: str, *args: str, world: int = 2) -> None:
                 p.kill()
                 p.wait()
     for rank, p in enumerate(procs):
-        assert p.returncode == 0, open(f"{out}.rank{rank}.log").read()[-3000:]
+        assert p.returncode == 0, log_tail(out, rank)
+
+
+def log_tail(out, rank: int) -> str:  # type: ignore[no-untyped-def]
+    return Path(f"{out}.rank{rank}.log").read_text(errors="replace")[-3000:]
 
 
 def run_ranks(tmp_path, tp: int, world: int = 2) -> list[dict]:  # type: ignore[no-untyped-def]
     out = tmp_path / f"tp{tp}"
     start_ranks(tmp_path, out, "tests.train.colocated_ranks", str(out), str(tp), world=world)
-    return [json.loads(open(f"{out}.rank{r}.json").read()) for r in range(world)]
+    return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(world)]
 
 
 @pytest.mark.slow

@@ -4,6 +4,8 @@ copy: an honest push passes; a push that silently skips a layer fails the probe 
 from __future__ import annotations
 
 import copy
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +16,13 @@ from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.model import build_model
 from ggpo_batch.train.rollout import TorchSampler
 from ggpo_batch.train.task import load
-from ggpo_batch.train.weight_sync import PROBE_TOLERANCE, ProbeLog, WeightSync, merged_details, probe_sequence
+from ggpo_batch.train.weight_sync import (
+    PROBE_TOLERANCE,
+    ProbeLog,
+    WeightSync,
+    merged_details,
+    probe_sequence,
+)
 
 pytestmark = pytest.mark.train
 
@@ -71,3 +79,22 @@ def test_merged_probe_details_over_ranks():
     assert merged_details([None, None]) == {"checked": False,
                                             "reason": "rollouts sample from the policy module itself: no weight push"}
     assert ProbeLog(1e-3).passed is False  # nothing probed is not a pass
+
+
+def test_the_file_watch_sees_a_weight_file_written_and_deleted_meanwhile(tmp_path):
+    """What tests/train/hf/test_hf_weight_sync.py relies on to say no weight file was written: the
+    former push (a safetensors file per step in a fresh temporary folder, deleted at the next) is seen."""
+    import tempfile
+
+    from safetensors.torch import save_file
+
+    from tests.support.file_watch import CreatedFiles
+
+    (tmp_path / "before.safetensors").write_bytes(b"")
+    with CreatedFiles(tmp_path) as created:
+        folder = Path(tempfile.mkdtemp(prefix="ggpo-vllm-", dir=tmp_path))
+        time.sleep(0.5)  # the former push wrote its first file a step after making the folder (see file_watch)
+        save_file({"w": torch.zeros(2)}, str(folder / "weights-1.safetensors"))
+        (folder / "weights-1.safetensors").unlink()
+        folder.rmdir()
+    assert created.named(".safetensors") == {folder / "weights-1.safetensors"}

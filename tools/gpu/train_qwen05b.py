@@ -34,11 +34,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from anywher
 
 H200_BF16_DENSE_TFLOPS = 989.0
 # Qwen2-0.5B's shape (its config.json): 24 layers, hidden 896, 14 query / 2 key-value heads.
-QWEN2_05B = dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1e6,
-                 rms_norm_eps=1e-6, tie_word_embeddings=True)
-TINY = dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+QWEN2_05B: dict[str, Any] = {
+    "vocab_size": 151936, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+    "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768, "rope_theta": 1e6,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": True}
+TINY: dict[str, Any] = {
+    "vocab_size": 1024, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 512, "tie_word_embeddings": True}
 NEEDED = ("torch", "transformers", "deepspeed")
 
 
@@ -156,7 +158,7 @@ def run_stage(stage: int, args: argparse.Namespace, shape: dict[str, Any], devic
         with torch.no_grad():
             ref = token_logprobs(reference(input_ids=ids, attention_mask=attn, use_cache=False).logits[:, :-1],
                                  ids[:, 1:])
-        loss, stats = ggpo_loss(logp, blp, ref, adv, mask, gcfg)
+        loss, _ = ggpo_loss(logp, blp, ref, adv, mask, gcfg)
         engine.backward(loss)
         engine.step()
         if cuda:
