@@ -6,6 +6,8 @@ bf16, one rank. Each step: rollouts from the torch sampler's behaviour copy (ggp
 `TorchSampler`, KV cache), a synthetic verifiable reward (the share of even token ids a rollout
 wrote), group advantages and the ggpo loss against a frozen reference, one DeepSpeed update, then the
 weight push into the behaviour copy layer by layer with its log-prob probe (train/weight_sync.py).
+(The trainer's torch rollouts sample from the policy itself, gathered under ZeRO-3; a separate copy
+is kept here so that the push a colocated vLLM engine gets is timed, the one GPU figure that needs it.)
 
 Printed per stage: rollout tokens/s (generated tokens / rollout seconds), training tokens/s
 (non-padding tokens of the loss batch / training-phase seconds), the training phase's model-FLOPs
@@ -115,7 +117,7 @@ def run_stage(stage: int, args: argparse.Namespace, shape: dict[str, Any], devic
     model = build(shape, dtype, device, seed=stage)
     n_params = sum(p.numel() for p in model.parameters())
     reference = copy.deepcopy(model).requires_grad_(False)
-    behaviour = copy.deepcopy(model).requires_grad_(False)  # the sampler's copy, as the trainer's ZeRO-3 one
+    behaviour = copy.deepcopy(model).requires_grad_(False)  # the sampler's own copy: the push is timed into it
     bf16 = dtype == torch.bfloat16
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
         "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0,
