@@ -99,6 +99,12 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
     if cfg.prompts_per_step % ranks:
         report.add("train.prompts_per_step", f"{cfg.prompts_per_step} groups per step do not split over the "
                    f"{ranks} training ranks of executor {spec.executor!r}; use a multiple of {ranks}")
+    # A vLLM engine spans tensor_parallel_size ranks of one node (vllm_backend.check_tensor_parallel
+    # refuses it again in the job, where the world is known for sure).
+    per_node = ranks // spec.nodes if ranks % spec.nodes == 0 else ranks
+    if cfg.tensor_parallel_size > 1 and per_node % cfg.tensor_parallel_size:
+        report.add("train.tensor_parallel_size", f"{cfg.tensor_parallel_size} does not divide the {per_node} training "
+                   f"ranks of a node (executor {spec.executor!r}); each vLLM engine spans that many ranks of one node")
     data = _data(spec, cfg, report)
     if data is not None:
         _arms(cfg, chosen, data, report)

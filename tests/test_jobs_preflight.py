@@ -55,3 +55,19 @@ def test_the_flagship_passes_preflight_once_its_placeholders_name_real_files(tmp
     assert len(spec.expand(1)) == 15 and spec.loop_budget_seconds == 2700 and spec.gpus == 4
     assert {a.exposed_items for a in spec.arms if a.exposure != "none"} == {150}
     assert {a.templates for a in spec.arms if a.exposure != "none"} == {("train_direct", "train_role")}
+
+
+@pytest.mark.parametrize(("tp", "refused"), [(2, False), (4, False), (8, True)])
+def test_tensor_parallel_size_must_tile_the_ranks_of_a_node(tmp_path: Path, tp: int, refused: bool):
+    """The flagship's 4-GPU node: vLLM engines of 2 or 4 ranks tile it, 8 does not (refused at
+    enqueue, one line naming the field, instead of when the allocation starts)."""
+    text = (JOBS / "exposure-5arm.toml").read_text().replace('rollout = "vllm"',
+                                                             f'rollout = "vllm"\ntensor_parallel_size = {tp}')
+    mine = tmp_path / "tp.toml"
+    mine.write_text(text)
+    report = preflight.check(load_spec(mine))
+    tp_lines = [line for p, line in zip(report.problems, report.lines()) if p.field == "train.tensor_parallel_size"]
+    if refused:
+        assert len(tp_lines) == 1 and "does not divide the 4 training ranks of a node" in tp_lines[0], tp_lines
+    else:
+        assert tp_lines == []
