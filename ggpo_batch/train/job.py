@@ -268,9 +268,23 @@ class TrainingJob(submitit.helpers.Checkpointable):
             raise
         finally:
             trainer.close()
-            if dist.is_initialized():  # a colocated vLLM engine's shutdown destroys the group itself
-                dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
-                dist.destroy_process_group()
+            release_process_group()
+
+
+def release_process_group() -> None:
+    """End this process's part in the job's process group, so that another job can run in the same
+    process (the debug executor, the embedded queue, tests): destroy the default group (unless a
+    colocated vLLM engine's shutdown already did), and forget DeepSpeed's clone of it, which
+    DeepSpeed caches for the life of the process and would otherwise hand to the next job's
+    engine as a destroyed group ("Group ... is not registered")."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    if dist.is_initialized():
+        dist.barrier()  # ZeRO-3 on gloo aborts at exit without it (FACTS.md)
+        dist.destroy_process_group()
+    groups._WORLD_GROUP = None
+    groups._ZERO_PARAM_INTRA_PARALLEL_GROUP = None
 
 
 def policy_dir(record: Path) -> Path:

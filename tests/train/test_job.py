@@ -34,3 +34,28 @@ def test_two_submitit_tasks_train_one_run(tmp_path, spec_for):
 
     details = json.loads((tmp_path / "r.json.details.json").read_text())
     assert details["under_submitit"] is True and details["world_size"] == 2
+
+
+@pytest.mark.train
+@pytest.mark.slow
+def test_two_jobs_train_one_after_the_other_in_one_process(tmp_path, spec_for):
+    """The debug executor and the embedded queue run each job inside the calling process: the
+    second must find no trace of the first's process group (DeepSpeed cached a clone of it, and the
+    second run failed with "Group ... is not registered")."""
+    import subprocess
+    import sys
+
+    specs = [spec_for(arm, budget=0.5).to_json() for arm in ("clean", "paired")]
+    script = (
+        "import sys; from ggpo_batch.train.job import TrainingJob\n"
+        "for i, spec in enumerate(sys.argv[2:]):\n"
+        "    TrainingJob(spec, f'{sys.argv[1]}/r{i}.json')()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), *specs], capture_output=True, text=True,
+                          timeout=600, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    import json
+
+    for i, arm in enumerate(("clean", "paired")):
+        record = json.loads((tmp_path / f"r{i}.json").read_text())
+        assert check_run_record(f"7/{arm}", record) == []
