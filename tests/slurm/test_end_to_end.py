@@ -129,7 +129,7 @@ def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hou
     ex = SlurmExecutor(profile, settings.jobs_dir, min_submit_interval_s=0)
     att = ledger.begin_attempt(key, executor="slurm", gpus=4, actor="tester", worker="w")
     log = tmp_path / "starts.log"
-    job_id = ex.submit_callable(jobs.CountingSleeper(6, str(log)), job_name(key, att.number),
+    job_id = ex.submit_callable(jobs.CountingSleeper(6, str(log), first_seconds=60), job_name(key, att.number),
                                 job_comment(key, att.number), folder=tmp_path / "job", time=15, requeues=1)
     ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
     end = time.monotonic() + 30

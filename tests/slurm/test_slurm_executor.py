@@ -161,7 +161,7 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
 
     log = tmp_path / "starts.log"
     # time >= 15 min: submitit judges a signal as preemption (not timeout) before min(0.8 T, T - 10 min)
-    job_id = executor.submit_callable(jobs.CountingSleeper(8, str(log)), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
+    job_id = executor.submit_callable(jobs.CountingSleeper(8, str(log), first_seconds=60), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
                                       time=15, requeues=1)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
     end = time.monotonic() + 20

@@ -22,17 +22,23 @@ def sleep_then_report(seconds: float, out: str) -> str:
 
 
 class CountingSleeper:
-    """Rank 0 appends one line per start to `log`, then all ranks sleep: a requeued job has two lines."""
+    """Rank 0 appends one line per start to `log`, then all ranks sleep: a requeued job has two lines.
 
-    def __init__(self, seconds: float, log: str) -> None:
+    `first_seconds` (default `seconds`) is the first start's sleep: a test that preempts the first
+    run gives it room, since submitit's handler takes seconds to requeue on a loaded machine and a
+    run that ends first is never requeued."""
+
+    def __init__(self, seconds: float, log: str, first_seconds: float | None = None) -> None:
         self.seconds = seconds
+        self.first_seconds = seconds if first_seconds is None else first_seconds
         self.log = log
 
     def __call__(self) -> int:
+        first = not Path(self.log).exists()
         if os.environ.get("SLURM_PROCID", "0") == "0":
             with open(self.log, "a") as f:
                 f.write(f"start {os.environ.get('SLURM_JOB_ID', '')} {time.time():.1f}\n")
-        time.sleep(self.seconds)
+        time.sleep(self.first_seconds if first else self.seconds)
         return len(Path(self.log).read_text().splitlines())
 
 
