@@ -48,6 +48,24 @@ WORKER_EXTENSION = "ggpo_batch.train.vllm_worker.PolicyWeightLoader"
 CHUNK_BYTES = 64 << 20  # a standalone engine's push: safetensors bytes per call
 
 
+# A Unix socket path holds at most 107 bytes; vLLM names its ZeroMQ sockets
+# "<VLLM_RPC_BASE_PATH>/<uuid4>" (37 more), under the temp dir by default.
+_SOCKET_PATH_MAX = 107
+_SOCKET_NAME = 37
+
+
+def _short_rpc_dir() -> None:
+    """Point vLLM's IPC sockets at a short private folder when the temp dir is too long for a socket
+    path: the ranks of a tensor-parallel engine talk over them, and a job's TMPDIR (a scheduler's
+    per-job scratch, a test's folder) can be long enough that vLLM's start fails ("ipc path ... is
+    longer than 107 characters")."""
+    base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
+    if len(base) + _SOCKET_NAME + 1 > _SOCKET_PATH_MAX:
+        os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="ggpo-vllm-rpc-", dir="/tmp")
+        log.info("vLLM sockets in %s (the temp dir %s is too long for a socket path)",
+                 os.environ["VLLM_RPC_BASE_PATH"], base)
+
+
 def tp_group(tp: int) -> Any:
     """This rank's group of `tp` consecutive ranks (gloo: it carries Python objects); every rank calls."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -157,6 +175,7 @@ class VllmBackend(RolloutBackend):
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
         )
+        _short_rpc_dir()
         with _llvmlite_hidden():
             if self.colocated:  # the rank's device: vLLM reads LOCAL_RANK, as the trainer does
                 self.llm = LLM(**options, distributed_executor_backend="external_launcher", tensor_parallel_size=self.tp)
