@@ -32,6 +32,7 @@ from ggpo_batch.reporting.status import experiment_status
 from ggpo_batch.runspec import RunSpec
 from tests.support.arms import ARMS
 from tests.support.paths import REPO
+from tests.support.waiting import preempt_after_step
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -121,8 +122,6 @@ def test_a_preempted_job_resumed_in_its_folder_continues_its_mlflow_run(tmp_path
     """SIGUSR1 checkpoints the job and stops it (a preemption); the rerun in the same attempt folder
     (a requeue) resumes training and the same MLflow run, which ends with every step once."""
     pytest.importorskip("mlflow")
-    import signal
-    import threading
 
     from mlflow.tracking import MlflowClient
 
@@ -139,15 +138,7 @@ def test_a_preempted_job_resumed_in_its_folder_continues_its_mlflow_run(tmp_path
         return RunSpec(run_key=KEY, experiment="requeued", experiment_version=1, method="ggpo", arm=ARMS["paired"],
                        seed=7, gpus=4, loop_budget_seconds=budget, executor="local", profile="default", train={})
 
-    def preempt_after_a_few_steps() -> None:
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if log0.exists() and "step 3 " in log0.read_text(errors="replace"):
-                os.kill(os.getpid(), signal.SIGUSR1)  # train_local forwards it to its ranks
-                return
-            time.sleep(0.2)
-
-    threading.Thread(target=preempt_after_a_few_steps, daemon=True).start()
+    preempt_after_step(log0, 3, within_s=240)
     with pytest.raises(Preempted):
         train_local(spec(300.0), out, nproc=2, timeout=400)
     client = MlflowClient(tracking_uri=store)

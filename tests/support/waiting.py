@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from datetime import timedelta
 
 from ggpo_batch.reconcile import reconcile
@@ -31,3 +35,18 @@ def reconcile_until_ended(ledger, settings, queue, executors, timeout_s: float =
             return reports
         time.sleep(1)
     raise AssertionError(f"attempts still active after {timeout_s} s: {reports[-1]}")
+
+
+def preempt_after_step(log: Path, step: int, within_s: float) -> None:
+    """In a thread: once rank 0's `log` says `step <step> `, send this process SIGUSR1, as a
+    scheduler's preemption (`train_local` forwards it to its ranks); nothing after `within_s`."""
+
+    def watch() -> None:
+        deadline = time.time() + within_s
+        while time.time() < deadline:
+            if log.exists() and f"step {step} " in log.read_text(errors="replace"):
+                os.kill(os.getpid(), signal.SIGUSR1)
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, daemon=True).start()

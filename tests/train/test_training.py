@@ -2,10 +2,6 @@
 
 import json
 import math
-import os
-import signal
-import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +14,7 @@ from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.job import Preempted, policy_dir
 from ggpo_batch.train.launch import train_local
 from ggpo_batch.train.model import build_model
+from tests.support.waiting import preempt_after_step
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # 2-rank DeepSpeed runs: zero2_runs alone is 5 of them
 
@@ -122,15 +119,7 @@ def test_sigusr1_checkpoints_and_a_rerun_resumes(tmp_path, spec_for):
     out = tmp_path / "record.json"
     log0 = Path(str(out) + ".rank0.log")
 
-    def preempt_after_a_few_steps():
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if log0.exists() and "step 3 " in log0.read_text(errors="replace"):
-                os.kill(os.getpid(), signal.SIGUSR1)  # train_local forwards it to its ranks
-                return
-            time.sleep(0.2)
-
-    threading.Thread(target=preempt_after_a_few_steps, daemon=True).start()
+    preempt_after_step(log0, 3, within_s=120)
     with pytest.raises(Preempted):
         train_local(spec_for("paired", budget=120.0), out, nproc=2, timeout=300)
     assert (Path(str(out) + ".ckpt") / "loop_rank0.pt").is_file()
