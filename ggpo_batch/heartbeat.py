@@ -18,6 +18,7 @@ import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 # The file, in the attempt folder (allocation.attempt_folder) beside the record.
@@ -67,6 +68,12 @@ def _number(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         return None
     return float(v)
+
+
+def progress_text(hb: Mapping[str, Any]) -> str:
+    """A heartbeat (its dict form) as `status`, the dashboard and the CLI's progress show it:
+    `step 41  1830/2700 s` (steps done, loop seconds of the budget)."""
+    return f"step {hb['step']}  {hb['loop_seconds']:.0f}/{hb['budget_seconds']:.0f} s"
 
 
 def heartbeat_path(folder: Path) -> Path:

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
+from .heartbeat import progress_text, read_heartbeat
+
 PLAIN_INTERVAL_S = 30.0  # a plain line at most this often while nothing else happens
 LIVE_INTERVAL_S = 1.0
 
@@ -64,22 +66,31 @@ class Task:
 
 def heartbeat_text(folder: Path) -> str:
     """`step 41  1830/2700 s` from an attempt folder's heartbeat; empty before the first one."""
-    try:
-        from .heartbeat import read_heartbeat
-    except ImportError:  # pragma: no cover - the heartbeat module ships with the package
-        return ""
     hb = read_heartbeat(folder)
-    if hb is None:
-        return ""
-    return f"step {hb.step}  {hb.loop_seconds:.0f}/{hb.budget_seconds:.0f} s"
+    return progress_text(hb.to_dict()) if hb is not None else ""
 
 
 class _Display:
+    """Open tasks, the deferred ones shown when due, and a ticker thread that calls `tick()` every
+    half second while the display is on."""
+
+    TICK_S = 0.5
+
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
         self.tasks: list[Task] = []  # every open task, shown or not yet
         self._due: dict[int, float] = {}  # id(task) -> when a deferred task is shown
         self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._run_ticker, name="ggpo-progress", daemon=True)
+
+    def start(self) -> None:
+        self._ticker.start()
+
+    def _run_ticker(self) -> None:
+        while not self._stop.wait(self.TICK_S):
+            self.show_due()
+            self.tick()
 
     def open(self, task: Task, after: float) -> None:
         with self._lock:
@@ -119,8 +130,11 @@ class _Display:
     def changed(self, task: Task, line: str | None) -> None:  # pragma: no cover - overridden
         pass
 
-    def close(self) -> None:
+    def tick(self) -> None:
         pass
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 class _Plain(_Display):
@@ -130,9 +144,7 @@ class _Plain(_Display):
         super().__init__(stream)
         self.interval = interval
         self._last = time.monotonic()
-        self._stop = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, name="ggpo-progress", daemon=True)
-        self._ticker.start()
+        self.start()
 
     def _emit(self, task: Task, text: str) -> None:
         count = f" {task.done}/{task.total}" if task.total is not None else (f" {task.done}" if task.done else "")
@@ -147,17 +159,12 @@ class _Plain(_Display):
         if line:
             self._emit(task, line)
 
-    def _tick(self) -> None:
-        while not self._stop.wait(min(self.interval, 0.5)):
-            self.show_due()
-            if time.monotonic() - self._last < self.interval:
-                continue
-            for task in list(self.tasks):
-                if task.begun and (task.watched is not None or task.note_text):
-                    self._emit(task, task.status_text())
-
-    def close(self) -> None:
-        self._stop.set()
+    def tick(self) -> None:
+        if time.monotonic() - self._last < self.interval:
+            return
+        for task in list(self.tasks):
+            if task.begun and (task.watched is not None or task.note_text):
+                self._emit(task, task.status_text())
 
 
 class _Live(_Display):
@@ -173,9 +180,7 @@ class _Live(_Display):
                              console=Console(file=stream), refresh_per_second=1 / LIVE_INTERVAL_S, transient=False)
         self.ids: dict[int, Any] = {}
         self.bars.start()
-        self._stop = threading.Event()
-        self._ticker = threading.Thread(target=self._tick, name="ggpo-progress", daemon=True)
-        self._ticker.start()
+        self.start()
 
     def begin(self, task: Task) -> None:
         self.ids[id(task)] = self.bars.add_task(task.description, total=task.total, status="")
@@ -192,15 +197,13 @@ class _Live(_Display):
     def changed(self, task: Task, line: str | None) -> None:
         self._update(task)
 
-    def _tick(self) -> None:
-        while not self._stop.wait(min(LIVE_INTERVAL_S, 0.5)):
-            self.show_due()
-            for task in list(self.tasks):
-                if task.begun:
-                    self._update(task)
+    def tick(self) -> None:
+        for task in list(self.tasks):
+            if task.begun:
+                self._update(task)
 
     def close(self) -> None:
-        self._stop.set()
+        super().close()
         self.bars.stop()
 
 

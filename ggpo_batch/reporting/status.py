@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting import attempt_gpu_hours, disagrees
-from ..heartbeat import HUNG_AFTER_SECONDS, is_hung
+from ..heartbeat import HUNG_AFTER_SECONDS, is_hung, progress_text
 from ..ledger import Ledger
 from ..ledger.heartbeats import attempt_heartbeat
 from ..ledger.schema import Attempt, Run
@@ -90,7 +90,7 @@ def state_label(row: dict[str, Any]) -> str:
         return f"running, heartbeat stopped {ago} ago" if hb else f"running, no heartbeat {ago} after start"
     if not hb:
         return "running"
-    return f"running  step {hb['step']}  {hb['loop_seconds']:.0f}/{hb['budget_seconds']:.0f} s"
+    return f"running  {progress_text(hb)}"
 
 
 def _duration(seconds: float) -> str:
