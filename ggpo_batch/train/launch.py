@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from ..errors import GgpoError
@@ -53,9 +55,13 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    deadline = None if timeout is None else time.monotonic() + timeout
     try:
         for rank, (p, fh, log_path) in enumerate(procs):
-            rc = p.wait(timeout=timeout)
+            try:
+                rc = p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise GgpoError(f"training did not finish in {timeout:g} s:\n" + _stack_dumps(procs)) from None
             fh.close()
             if rc != 0:
                 failed.append((rank, rc, log_path))
@@ -76,12 +82,28 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     return json.loads(output.read_text())
 
 
+def _stack_dumps(procs: list[tuple[subprocess.Popen, object, Path]]) -> str:
+    """Each live rank's Python stacks (SIGQUIT, registered in `main`) and the end of its log: a hang
+    (ranks waiting in different collectives) names where each rank waits."""
+    for p, _, _ in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGQUIT)
+    time.sleep(2.0)
+    parts = []
+    for rank, (p, _, log_path) in enumerate(procs):
+        lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
+        state = "still running" if p.poll() is None else f"exited {p.returncode}"
+        parts.append(f"-- rank {rank} ({state}), last lines of {log_path}:\n" + "\n".join(lines[-40:]))
+    return "\n".join(parts)
+
+
 def main(argv: list[str] | None = None) -> int:
     """One rank of a local run (env vars name the rank); used by train_local."""
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("spec_file")
     ap.add_argument("output")
     args = ap.parse_args(argv)
+    faulthandler.register(signal.SIGQUIT, all_threads=True)  # train_local asks a hung rank where it is
     try:
         TrainingJob(Path(args.spec_file).read_text(), args.output)()
     except GgpoError as exc:

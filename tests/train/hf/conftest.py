@@ -61,16 +61,16 @@ def one_rank():  # type: ignore[no-untyped-def]
     """A one-rank gloo process group in this process (the trainer's collectives need one), once per
     module, released as a job releases its own (DeepSpeed's cached clone of the world group too),
     so the next module of the same xdist worker can start another."""
-    deepspeed = pytest.importorskip("deepspeed")
+    pytest.importorskip("deepspeed")
     import os
 
     from ggpo_batch.netutil import free_port
-    from ggpo_batch.train.job import release_process_group
+    from ggpo_batch.train.job import init_process_group, release_process_group
 
     saved = dict(os.environ)
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": str(free_port())})
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    init_process_group(cuda=False)
     yield
     release_process_group()
     os.environ.clear()

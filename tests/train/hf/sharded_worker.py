@@ -14,18 +14,18 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    import deepspeed
     import torch
     import torch.distributed as dist
 
     from ggpo_batch.runspec import RunSpec
     from ggpo_batch.train.config import TrainConfig
+    from ggpo_batch.train.job import init_process_group
     from ggpo_batch.train.model import full_state_dict, named_full_parameters
     from ggpo_batch.train.reference import resident_elements
     from ggpo_batch.train.trainer import Trainer
 
     spec_file, prefix = Path(argv[0]), argv[1]
-    deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
+    init_process_group(cuda=False)
     rank, world = dist.get_rank(), dist.get_world_size()
     spec = RunSpec.from_json(spec_file.read_text())
     cfg = TrainConfig.from_table(spec.train, str(spec_file))
