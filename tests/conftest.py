@@ -4,15 +4,18 @@ the dev Slurm of slurm/dev-cluster. Plain helpers live in tests/support.
 Every ledger test runs on SQLite and on PostgreSQL. PostgreSQL tests get a database of their own
 per session (so per pytest-xdist worker; created and dropped here) and empty tables per test.
 Redis tests get the Redis db of their xdist worker (tests/support/services.py), flushed around each test.
-Tests bound to the one dev Slurm, and tests sharing one costly fixture, run on one xdist worker, one
-at a time (the xdist groups below).
+Tests sharing one costly fixture run on one xdist worker (the xdist groups below); tests on the dev
+Slurm take turns on it (`slurm_turn`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,21 +33,63 @@ from tests.support.services import (
 )
 
 # xdist groups (`--dist loadgroup`, set in setup.cfg: a group's tests run on one worker, one at a time).
-# The dev Slurm is one cluster of one node with 4 GPUs, and some of its tests restart its controller
-# or take its node down: every test marked `slurm` or using `dev_cluster` is in group "slurm". The
-# tests of one module that share a module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs)
-# are a group too, so the fixture is built once, not once on each worker.
-SLURM_GROUP = "slurm"
+# The tests of one module that share a module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs)
+# are a group, so the fixture is built once, not once on each worker.
+#
+# The dev Slurm (2 nodes of 4 GPUs) is shared by the workers through turns (`slurm_turn` below): one
+# turn per node, so tests that use it run side by side on their own jobs, at most one node's worth
+# each; a test marked `slurm_exclusive` (one that restarts the controller, takes a node down, or
+# needs both nodes) takes every turn, so it has the cluster alone.
 UNGROUPED = pytest.StashKey[str]()
+SLURM_STATE = Path(os.environ.get("GGPO_SLURM_STATE", "/var/tmp/ggpo-slurm"))
+SLURM_TURNS = 2  # the dev cluster's nodes
+
+
+def _uses_dev_slurm(item: pytest.Item) -> bool:
+    return item.get_closest_marker("slurm") is not None or "dev_cluster" in getattr(item, "fixturenames", ())
 
 
 def _xdist_group(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("slurm") or "dev_cluster" in getattr(item, "fixturenames", ()):
-        return SLURM_GROUP  # alone: a second group name would make xdist a new, separate group
     fixturedefs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
     if any(defs and defs[-1].scope in ("module", "class") for defs in fixturedefs.values()):
         return "module:" + item.nodeid.split("::")[0]
     return None
+
+
+@contextlib.contextmanager
+def slurm_turn(exclusive: bool) -> Iterator[None]:
+    """A turn on the dev Slurm, across xdist workers and pytest sessions: one free turn (lock file),
+    or all of them, taken in order. flock: the kernel releases a dead process's turns."""
+    SLURM_STATE.mkdir(parents=True, exist_ok=True)
+    files = [open(SLURM_STATE / f"test-turn-{i}.lock", "a") for i in range(SLURM_TURNS)]
+    held = []
+    try:
+        if exclusive:
+            for fh in files:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+                held.append(fh)
+        while not held:
+            for fh in files:
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                held.append(fh)
+                break
+            else:
+                time.sleep(0.5)
+        yield
+    finally:
+        for fh in files:
+            fh.close()  # closing the file releases its lock
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    if not _uses_dev_slurm(item):
+        return (yield)
+    with slurm_turn(exclusive=item.get_closest_marker("slurm_exclusive") is not None):
+        return (yield)
 
 
 @pytest.hookimpl(wrapper=True)

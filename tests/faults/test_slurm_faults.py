@@ -25,7 +25,7 @@ from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, sque
 from tests.support.specs import write_spec
 from tests.support.waiting import reconcile_until_ended, wait_until
 
-pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_exclusive, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
 CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
 
 

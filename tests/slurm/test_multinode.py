@@ -29,7 +29,7 @@ from tests.support.slurm import (
 )
 from tests.support.waiting import reconcile_until_ended
 
-pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slurm, pytest.mark.slurm_exclusive, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(420)]
 
 NODES, GPUS_PER_NODE = 2, 2  # profile dev-cluster-2node: one rank per GPU, 4 ranks in all
 
