@@ -91,6 +91,29 @@ def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
 def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str) -> Outcome:
     """Book the end of `attempt`: state, times, both GPU-hour figures, result and the evaluation's
     outcome (from the details file, when the job wrote one); re-queue if allowed."""
+    out, fields = _conclude(run, attempt, info, folder)
+    ledger.mark_finished(run.run_key, attempt.number, actor=actor, **fields)
+    return _after(ledger, run, attempt, info, folder, out, actor=actor)
+
+
+def settle_own(ledger: Ledger, run_key: str, number: int, info: JobInfo, folder: Path, *, actor: str,
+               job_id: str | None = None) -> Outcome:
+    """`settle` for the worker that ran the job itself: decided on the run as the finishing
+    transaction locks it (no read of the run before). With `job_id` the attempt is booked as
+    submitted to that job in the same transaction (`Ledger.settle_attempt`)."""
+    decided: list[Outcome] = []
+
+    def conclude(run: Run, attempt: Attempt) -> dict[str, Any]:
+        out, fields = _conclude(run, attempt, info, folder)
+        decided[:] = [out]  # the transaction may be retried: keep the last decision
+        return fields
+
+    run, attempt = ledger.settle_attempt(run_key, number, conclude, actor=actor, job_id=job_id)
+    return _after(ledger, run, attempt, info, folder, decided[0], actor=actor)
+
+
+def _conclude(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> tuple[Outcome, dict[str, Any]]:
+    """The decision and the `mark_finished` fields it implies."""
     out = decide(run, attempt, info, folder)
     job_gh = None
     elapsed = info.elapsed_seconds
@@ -104,11 +127,15 @@ def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Pa
             log.warning("run %s attempt %d: no evaluation outcome: %s", run.run_key, attempt.number, why)
     elif elapsed is not None:
         job_gh = gpu_hours(attempt.gpus, elapsed)
-    ledger.mark_finished(run.run_key, attempt.number, attempt_state=out.attempt_state, run_state=out.run_state,
-                         actor=actor, reason=out.reason, started_at=info.start, ended_at=info.end,
-                         elapsed_seconds=elapsed, gpu_hours_job=job_gh, gpu_hours_scheduler=info.gpu_hours,
-                         scheduler_state=info.state, exit_code=info.exit_code, result=out.record,
-                         outcome=outcome)
+    return out, {"attempt_state": out.attempt_state, "run_state": out.run_state, "reason": out.reason,
+                 "started_at": info.start, "ended_at": info.end, "elapsed_seconds": elapsed, "gpu_hours_job": job_gh,
+                 "gpu_hours_scheduler": info.gpu_hours, "scheduler_state": info.state, "exit_code": info.exit_code,
+                 "result": out.record, "outcome": outcome}
+
+
+def _after(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, out: Outcome, *,
+           actor: str) -> Outcome:
+    """What follows the booked end: the record as an artifact, the infrastructure retry."""
     rec_path = record_path(folder)
     if out.record is not None:
         ledger.record_artifact(path=str(rec_path), sha256=hashlib.sha256(rec_path.read_bytes()).hexdigest(),

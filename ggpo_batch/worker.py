@@ -26,9 +26,9 @@ from .errors import LedgerError
 from .executor import IN_PROCESS_EXECUTORS, make_executor
 from .ledger import Ledger, QuotaExceeded, connect
 from .queue import RunQueue
-from .runspec import RunSpec
 from .reconcile import reconcile_now, wait_settled
-from .settlement import settle
+from .runspec import RunSpec
+from .settlement import settle_own
 
 log = logging.getLogger(__name__)
 
@@ -114,19 +114,26 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         log.error("run %s: %s", run_key, reason)
         return {"run_key": run_key, "failed": reason}
     fault_pause(settings, "after_submit")
+    # A debug job has ended inside submit(): its submission and its end are booked in one
+    # transaction. Inline (memory://) mode has no reconciler and runs one run at a time: the
+    # submission is booked first (the run shows as submitted while it runs), then its end here.
+    ended = spec.executor == "debug"
+    end = None
     try:
-        ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
+        if ended:
+            end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
+                             job_id=job_id)
+        else:
+            ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
         log.error("run %s: %s; cancelling job %s, which the ledger does not know", run_key, exc.message, job_id)
         executor.cancel(job_id)
         return {"run_key": run_key, "cancelled_unbooked": job_id, "reason": exc.message}
+    if inline and not ended:
+        end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user)
     out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
-    # A debug job has ended inside submit(); inline (memory://) mode has no reconciler and runs one
-    # run at a time: in both, wait for the end and book it here.
-    if spec.executor == "debug" or inline:
-        info = executor.wait_final(job_id)
-        run = ledger.get_run(run_key)
-        out["state"] = settle(ledger, run, run.attempts[-1], info, folder, actor=settings.user).attempt_state
+    if end is not None:
+        out["state"] = end.attempt_state
         if shown is not None:
             shown.note(f"{run_key} {out['state']}", show=False)  # the caller's advance() shows it
     return out
@@ -207,18 +214,25 @@ def _warm(ledger: Ledger) -> None:
 
     from .executor import debug, local  # noqa: F401  (the registry imports backends lazily)
     from .ledger import NewRun
+    from .ledger.schema import utcnow
 
     key = "ggpo-worker-rehearsal"
+    now = utcnow()
+    # the columns settlement books for a job that ended without its record (one compiled UPDATE each)
+    end = {"attempt_state": "failed", "run_state": "failed", "reason": key, "started_at": now, "ended_at": now,
+           "elapsed_seconds": 0.0, "gpu_hours_job": 0.0, "scheduler_state": "FAILED", "exit_code": "1"}
     with ledger.rehearsal() as twin:
+        runs = [NewRun(run_key=f"{key}-{i}", arm="a", seed=i, config_hash="-", run_spec={}) for i in (0, 1)]
         twin.create_experiment(name=key, version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
-                               actor=key, runs=[NewRun(run_key=key, arm="a", seed=0, config_hash="-", run_spec={})])
-        twin.submission_view(key)
-        att = twin.begin_attempt(key, executor="debug", gpus=1, actor=key, worker=key)
-        twin.attempt_state(key, att.number)
-        twin.mark_submitted(key, att.number, job_id="0", actor=key)
-        twin.get_run(key)
-        twin.mark_finished(key, att.number, attempt_state="failed", run_state="failed", actor=key, reason=key,
-                           elapsed_seconds=0.0, gpu_hours_job=0.0, scheduler_state="FAILED", exit_code="1")
+                               actor=key, runs=runs)
+        for i, run in enumerate(runs):  # a debug job (submitted and ended in one transaction), then any other
+            twin.submission_view(run.run_key)
+            att = twin.begin_attempt(run.run_key, executor="debug", gpus=1, actor=key, worker=key)
+            twin.attempt_state(run.run_key, att.number)
+            if i == 1:
+                twin.mark_submitted(run.run_key, att.number, job_id="0", actor=key)
+            twin.settle_attempt(run.run_key, att.number, lambda _run, _att: end, actor=key,
+                                job_id="0" if i == 0 else None)
     gc.freeze()  # the worker's own objects stay out of every job's garbage collections
 
 

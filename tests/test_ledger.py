@@ -125,3 +125,49 @@ def test_decisions_artifacts_and_night_guard(ledger) -> None:  # type: ignore[no
                            component_run_id=first.id)
     assert [c.state for c in ledger.component_runs()] == ["succeeded"]
     assert ledger.artifacts(component_run_id=first.id)[0].path == "/x.json"
+
+
+def test_settle_attempt_books_a_debug_job_submitted_and_ended_in_one_transaction(ledger) -> None:  # type: ignore[no-untyped-def]
+    """The worker's path for a job that ended inside submit(): the same rows and events as
+    mark_submitted then mark_finished, decided on the run as the transaction locked it."""
+    _experiment(ledger)
+    key = "e-v1-0-clean"
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker="w1")
+    seen = []
+
+    def conclude(run, att):  # type: ignore[no-untyped-def]
+        seen.append((run.state, att.state, att.job_id, [a.number for a in run.attempts]))
+        return {"attempt_state": "failed", "run_state": "failed", "reason": "boom", "exit_code": "1",
+                "elapsed_seconds": 2.0, "gpu_hours_job": 0.5}
+
+    run, att = ledger.settle_attempt(key, 1, conclude, actor="w", job_id="debug-1")
+    assert seen == [("submitted", "submitted", "debug-1", [1])]
+    assert (run.state, att.state) == ("failed", "failed")
+    stored = ledger.get_run(key)
+    [a] = stored.attempts
+    assert (stored.state, stored.cause, stored.worker) == ("failed", "boom", None)
+    assert (a.state, a.job_id, a.exit_code, a.gpu_hours_job, a.reason) == ("failed", "debug-1", "1", 0.5, "boom")
+    assert a.submitted_at is not None and a.ended_at is not None
+    moves = [(e.entity, e.from_state, e.to_state, e.actor) for e in ledger.events(run_key=key)]
+    assert moves[1:] == [
+        ("attempt", None, "submitting", "w"),
+        ("attempt", "submitting", "submitted", "w"),
+        ("run", "queued", "submitted", "w"),
+        ("attempt", "submitted", "failed", "w"),
+        ("run", "submitted", "failed", "w"),
+    ]
+    assert all(e.attempt_id == a.id for e in ledger.events(run_key=key)[1:])
+
+
+def test_settle_attempt_after_reconcile_settled_it_writes_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
+    """The fence's second half: an attempt settled as lost meanwhile is not booked as submitted."""
+    _experiment(ledger)
+    key = "e-v1-0-clean"
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker="w1")
+    ledger.resolve_submitting(key, 1, job_id=None, actor="reconcile", reason="worker gone")
+    before = len(ledger.events(run_key=key))
+    with pytest.raises(LedgerError, match="is lost"):
+        ledger.settle_attempt(key, 1, lambda run, att: {"attempt_state": "failed", "run_state": "failed"},
+                              actor="w", job_id="debug-1")
+    [a] = ledger.get_run(key).attempts
+    assert (a.state, a.job_id) == ("lost", None) and len(ledger.events(run_key=key)) == before

@@ -3,22 +3,32 @@ GPU quota checked in the same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Connection, func, insert, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
 
 from ..errors import LedgerError
 from ..states import ATTEMPT_FINAL, IN_FLIGHT_ATTEMPT_STATES, UNSUBMITTED_ATTEMPT_END
-from .core import LedgerCore
+from .core import LedgerCore, RowEvents
 from .schema import (
     Attempt,
     Experiment,
     Run,
     utcnow,
 )
+
+_RUN, _ATT = Run.__table__, Attempt.__table__
+_RUN_READ = ("id", "experiment_id", "run_key", "arm", "seed", "state", "retries_allowed", "cause", "worker",
+             "updated_at")
+_RUN_WRITE = ("state", "cause", "worker", "updated_at")  # what a transition changes on its run
+_NEW_ATTEMPT = ("run_id", "number", "executor", "state", "gpus", "submitted_by", "worker", "created_at")
+# what a transition changes on an attempt (not the heartbeat, which reconcile copies unlocked)
+_ATT_WRITE = ("state", "reason", "job_id", "submitted_at", "started_at", "ended_at", "elapsed_seconds",
+              "gpu_hours_job", "gpu_hours_scheduler", "scheduler_state", "exit_code")
 
 
 class QuotaExceeded(LedgerError):
@@ -42,10 +52,12 @@ class AttemptTransitions(LedgerCore):
         (reconcile, after asking the scheduler) may settle it, so it is never submitted twice.
         """
         with self.session() as s:
-            run = self._locked_run(s, run_key)
+            conn = s.connection()
+            run = self._run_row(conn, run_key)
             if run.state != "queued":
                 raise LedgerError(f"run {run_key}: is {run.state}, only a queued run can be submitted")
-            last = run.attempts[-1] if run.attempts else None
+            last = conn.execute(select(_ATT.c.number, _ATT.c.state, _ATT.c.worker).where(_ATT.c.run_id == run.id)
+                                .order_by(_ATT.c.number.desc()).limit(1)).one_or_none()
             if last is not None and last.state == "submitting":
                 raise LedgerError(f"run {run_key}: attempt {last.number} is being submitted by {last.worker}")
             if quota is not None and quota[1] > 0:
@@ -54,14 +66,45 @@ class AttemptTransitions(LedgerCore):
                 used = self._in_flight(s, queue)
                 if used + gpus > limit:
                     raise QuotaExceeded(queue, used, gpus, limit)
-            number = (last.number + 1) if last else 1
-            att = Attempt(run_id=run.id, number=number, executor=executor, state="submitting", gpus=gpus,
-                          submitted_by=actor, worker=worker)
-            s.add(att)
-            s.flush()
-            self._event(s, entity="attempt", to_state="submitting", actor=actor, run=run, attempt=att)
-            run.worker = worker
+            att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=executor,
+                          state="submitting", gpus=gpus, submitted_by=actor, worker=worker, created_at=utcnow())
+            att.id = conn.execute(insert(_ATT).values({c: getattr(att, c) for c in _NEW_ATTEMPT})).inserted_primary_key[0]
+            events = RowEvents(actor)
+            events.add(entity="attempt", to_state="submitting", run=run, attempt_id=att.id)
+            events.write(conn)
+            conn.execute(update(_RUN).where(_RUN.c.id == run.id).values(worker=worker))
             return att
+
+    @staticmethod
+    def _run_row(conn: Connection, run_key: str) -> Run:
+        """The run, locked for this transaction, as a detached object read from one row (no
+        experiment, no attempts): what the row-level transitions below check and change."""
+        row = conn.execute(select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == run_key)
+                           .with_for_update()).one_or_none()
+        if row is None:
+            raise LedgerError(f"no run {run_key!r} in the ledger")
+        return Run(**row._mapping)
+
+    def _attempt_row(self, conn: Connection, run_key: str, number: int) -> tuple[Run, Attempt]:
+        """The run (locked) with its attempts, and attempt `number`, as detached objects read from rows."""
+        run = self._run_row(conn, run_key)
+        attempts = [Attempt(**r._mapping) for r in conn.execute(select(_ATT).where(_ATT.c.run_id == run.id)
+                                                                 .order_by(_ATT.c.number))]
+        set_committed_value(run, "attempts", attempts)
+        att = next((a for a in attempts if a.number == number), None)
+        if att is None:
+            raise LedgerError(f"run {run_key} has no attempt {number}")
+        return run, att
+
+    @staticmethod
+    def _write_rows(conn: Connection, run: Run, att: Attempt, events: RowEvents,
+                    run_values: Mapping[str, Any] | None = None) -> None:
+        """Store what a row-level transition changed: the attempt's transition columns, the run's
+        state columns (with `run_values`, e.g. its result), and the events."""
+        conn.execute(update(_ATT).where(_ATT.c.id == att.id).values({c: getattr(att, c) for c in _ATT_WRITE}))
+        conn.execute(update(_RUN).where(_RUN.c.id == run.id)
+                     .values({**{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})}))
+        events.write(conn)
 
     @staticmethod
     def _lock_queue(s: Session, queue: str) -> None:
@@ -119,16 +162,23 @@ class AttemptTransitions(LedgerCore):
 
     def mark_submitted(self, run_key: str, number: int, *, job_id: str, actor: str) -> Attempt:
         with self.session() as s:
-            run, att = self._locked_attempt(s, run_key, number)
-            if att.state != "submitting":
-                if att.job_id == job_id:
-                    return att  # the same worker reporting twice: nothing new happened
-                raise LedgerError(f"run {run_key} attempt {number} is {att.state} with job {att.job_id}")
-            self._event(s, entity="attempt", from_state=att.state, to_state="submitted", actor=actor,
-                        reason=f"job {job_id}", run=run, attempt=att)
-            att.state, att.job_id, att.submitted_at = "submitted", job_id, utcnow()
-            self._move(s, run, "submitted", actor, f"attempt {number}, job {job_id}", attempt=att)
+            conn = s.connection()
+            run, att = self._attempt_row(conn, run_key, number)
+            if att.state != "submitting" and att.job_id == job_id:
+                return att  # the same worker reporting twice: nothing new happened
+            events = RowEvents(actor)
+            self._submitted(run, att, job_id=job_id, events=events)
+            self._write_rows(conn, run, att, events)
             return att
+
+    @staticmethod
+    def _submitted(run: Run, att: Attempt, *, job_id: str, events: RowEvents) -> None:
+        if att.state != "submitting":
+            raise LedgerError(f"run {run.run_key} attempt {att.number} is {att.state} with job {att.job_id}")
+        events.add(entity="attempt", from_state=att.state, to_state="submitted", reason=f"job {job_id}", run=run,
+                   attempt_id=att.id)
+        att.state, att.job_id, att.submitted_at = "submitted", job_id, utcnow()
+        events.move(run, "submitted", f"attempt {att.number}, job {job_id}", att.id)
 
     def mark_running(self, run_key: str, number: int, *, actor: str, started_at: datetime | None = None) -> Attempt:
         with self.session() as s:
@@ -155,30 +205,61 @@ class AttemptTransitions(LedgerCore):
         `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`."""
         if attempt_state not in ATTEMPT_FINAL:
             raise LedgerError(f"{attempt_state!r} is not a final attempt state")
+        fields = {"attempt_state": attempt_state, "run_state": run_state, "reason": reason, "started_at": started_at,
+                  "ended_at": ended_at, "elapsed_seconds": elapsed_seconds, "gpu_hours_job": gpu_hours_job,
+                  "gpu_hours_scheduler": gpu_hours_scheduler, "scheduler_state": scheduler_state,
+                  "exit_code": exit_code, "result": result, "outcome": outcome}
+        return self.settle_attempt(run_key, number, lambda _run, _att: fields, actor=actor)[1]
+
+    def settle_attempt(self, run_key: str, number: int, conclude: Callable[[Run, Attempt], Mapping[str, Any]], *,
+                       actor: str, job_id: str | None = None) -> tuple[Run, Attempt]:
+        """End attempt `number` with what `conclude(run, attempt)` returns (`mark_finished`'s fields),
+        decided on the run as this transaction locked it: no separate read of the run before.
+
+        With `job_id`, the attempt is first booked as submitted to that job, in the same transaction
+        and with the same events as `mark_submitted`: an in-process executor's job has ended by the
+        time its submit returns. Raises LedgerError, writing nothing, if the attempt is no longer
+        `submitting` then (reconcile settled it meanwhile)."""
         with self.session() as s:
-            run, att = self._locked_attempt(s, run_key, number)
-            if att.state in ATTEMPT_FINAL:
-                raise LedgerError(f"run {run_key} attempt {number} already ended as {att.state}")
-            self._event(s, entity="attempt", from_state=att.state, to_state=attempt_state, actor=actor,
-                        reason=reason, run=run, attempt=att)
-            att.state = attempt_state
-            att.reason = reason
-            att.started_at = started_at or att.started_at
-            att.ended_at = ended_at or utcnow()
-            for name, value in (("elapsed_seconds", elapsed_seconds), ("gpu_hours_job", gpu_hours_job),
-                                ("gpu_hours_scheduler", gpu_hours_scheduler), ("scheduler_state", scheduler_state),
-                                ("exit_code", exit_code)):
-                if value is not None:
-                    setattr(att, name, value)
-            if result is not None:
-                run.result = dict(result)
-            if outcome is not None:
-                run.outcome = dict(outcome)
-            if run_state is not None and run_state != run.state:
-                self._move(s, run, run_state, actor, reason, attempt=att)
-                run.cause = reason if run_state != "succeeded" else None
-                run.worker = None
-            return att
+            conn = s.connection()
+            run, att = self._attempt_row(conn, run_key, number)
+            events = RowEvents(actor)
+            if job_id is not None:
+                self._submitted(run, att, job_id=job_id, events=events)
+            fields = dict(conclude(run, att))
+            if fields["attempt_state"] not in ATTEMPT_FINAL:
+                raise LedgerError(f"{fields['attempt_state']!r} is not a final attempt state")
+            run_values = self._finish(run, att, events=events, **fields)
+            self._write_rows(conn, run, att, events, run_values)
+            return run, att
+
+    @staticmethod
+    def _finish(run: Run, att: Attempt, *, events: RowEvents, attempt_state: str, run_state: str | None,
+                reason: str | None = None, started_at: datetime | None = None, ended_at: datetime | None = None,
+                elapsed_seconds: float | None = None, gpu_hours_job: float | None = None,
+                gpu_hours_scheduler: float | None = None, scheduler_state: str | None = None,
+                exit_code: str | None = None, result: Mapping[str, Any] | None = None,
+                outcome: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """Apply an attempt's end to `run` and `att`; returns the run's JSON columns to store."""
+        if att.state in ATTEMPT_FINAL:
+            raise LedgerError(f"run {run.run_key} attempt {att.number} already ended as {att.state}")
+        events.add(entity="attempt", from_state=att.state, to_state=attempt_state, reason=reason, run=run,
+                   attempt_id=att.id)
+        att.state = attempt_state
+        att.reason = reason
+        att.started_at = started_at or att.started_at
+        att.ended_at = ended_at or utcnow()
+        for name, value in (("elapsed_seconds", elapsed_seconds), ("gpu_hours_job", gpu_hours_job),
+                            ("gpu_hours_scheduler", gpu_hours_scheduler), ("scheduler_state", scheduler_state),
+                            ("exit_code", exit_code)):
+            if value is not None:
+                setattr(att, name, value)
+        if run_state is not None and run_state != run.state:
+            events.move(run, run_state, reason, att.id)
+            run.cause = reason if run_state != "succeeded" else None
+            run.worker = None
+        json_values = {"result": result, "outcome": outcome}
+        return {k: dict(v) for k, v in json_values.items() if v is not None}
 
     def book_requeue(self, run_key: str, number: int, *, actor: str, started_at: datetime | None,
                      ended_at: datetime | None, elapsed_seconds: float | None, gpu_hours_scheduler: float | None,

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Connection, Engine, func, insert, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -173,14 +173,45 @@ class LedgerCore:
 
     def _move(self, s: Session, run: Run, to: str, actor: str, reason: str | None,
               attempt: Attempt | None = None) -> None:
-        if not can_move(run.state, to):
-            raise LedgerError(f"run {run.run_key}: cannot go from {run.state} to {to}")
-        if run.state in REASON_TO_LEAVE and not reason:
-            raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
+        self._check_move(run, to, reason)
         self._event(s, entity="run", from_state=run.state, to_state=to, actor=actor, reason=reason, run=run,
                     attempt=attempt)
         run.state = to
         run.updated_at = utcnow()
+
+    @staticmethod
+    def _check_move(run: Run, to: str, reason: str | None) -> None:
+        if not can_move(run.state, to):
+            raise LedgerError(f"run {run.run_key}: cannot go from {run.state} to {to}")
+        if run.state in REASON_TO_LEAVE and not reason:
+            raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
+
+
+class RowEvents:
+    """The events of a transition written as rows (Core) rather than ORM objects: the hot path of
+    a worker's job (ledger/attempts.py), where ORM flushes cost a forked process most of its time."""
+
+    def __init__(self, actor: str) -> None:
+        self.actor = actor
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, *, entity: str, to_state: str, run: Run, attempt_id: int | None, from_state: str | None = None,
+            reason: str | None = None) -> None:
+        self.rows.append({"entity": entity, "from_state": from_state, "to_state": to_state, "actor": self.actor,
+                          "reason": reason, "experiment_id": run.experiment_id, "run_id": run.id,
+                          "attempt_id": attempt_id})
+
+    def move(self, run: Run, to: str, reason: str | None, attempt_id: int | None) -> None:
+        """`LedgerCore._move` on a run read as a row: checked, recorded, applied to `run`."""
+        LedgerCore._check_move(run, to, reason)
+        self.add(entity="run", from_state=run.state, to_state=to, reason=reason, run=run, attempt_id=attempt_id)
+        run.state = to
+        run.updated_at = utcnow()
+
+    def write(self, conn: Connection) -> None:
+        if self.rows:
+            at = utcnow()
+            conn.execute(insert(Event.__table__), [{"at": at, **row} for row in self.rows])
 
 
 def _wrap_public(cls: type) -> None:
