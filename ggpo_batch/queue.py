@@ -7,14 +7,19 @@ are the ledger's business. `memory://` gives an in-process fakeredis whose jobs 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import socket
+import threading
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
+from queue import Empty
+from queue import Queue as Queue_  # rq's Queue is the one this module is about
 
 from redis import Redis
+from redis.client import Pipeline
 from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import FailedJobRegistry, ScheduledJobRegistry, StartedJobRegistry
@@ -47,10 +52,22 @@ def connect(url: str) -> Redis:
             _memory = fakeredis.FakeRedis()
         return _memory
     try:
-        conn = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30)
+        conn = Redis.from_url(url, socket_connect_timeout=5, socket_timeout=30, health_check_interval=30,
+                              **_driver_info())
     except ValueError as exc:
         raise QueueError(f"GGPO_REDIS_URL {redact(url)!r} is not a Redis URL: {exc}") from None
     return conn
+
+
+@functools.cache
+def _driver_info() -> dict[str, object]:
+    """redis-py 7 looks its own version up in the package metadata for every new connection, and
+    each forked RQ job opens one (about 1 ms): resolved once here, inherited by the jobs."""
+    try:
+        from redis.driver_info import DriverInfo
+    except ImportError:  # redis < 7.1 reads its version once, at import
+        return {}
+    return {"driver_info": DriverInfo()}
 
 
 _DEFERRED_SUFFIX = re.compile(r"-deferred[0-9]+$")
@@ -92,14 +109,13 @@ class RunQueue:
                     shown.watch(None)
                     shown.advance()
             return len(run_keys)
-        n = 0
-        for i in range(0, len(run_keys), CHUNK):
-            chunk = run_keys[i:i + CHUNK]
-            with self.connection.pipeline() as pipe:
-                self.queue.enqueue_many([self._data(k, k) for k in chunk], pipeline=pipe)  # type: ignore[list-item]
-                pipe.execute()
-            n += len(chunk)
-        return n
+        return PreparedJobs(self, run_keys).send()
+
+    def _chunk(self, run_keys: Sequence[str]) -> Pipeline:
+        """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet."""
+        pipe = self.connection.pipeline()
+        self.queue.enqueue_many([self._data(k, k) for k in run_keys], pipeline=pipe)  # type: ignore[list-item]
+        return pipe
 
     def defer(self, run_key: str, seconds: int, *, generation: int) -> str:
         """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
@@ -230,3 +246,57 @@ class RunQueue:
                 job.delete(remove_from_queue=True)
                 n += 1
         return n
+
+
+class PreparedJobs:
+    """The RQ jobs of runs, built in a thread (CHUNK per pipeline) while the caller writes the
+    ledger, and written to Redis only by `send`, once the ledger has committed: a chunk is sent as
+    soon as it is built. Building them is most of an enqueue's Python time; the ledger's own time
+    (the database's, and SQLite's) is spent outside the GIL, so the two overlap. At most AHEAD
+    chunks wait unsent, so a large enqueue's memory stays bounded."""
+
+    AHEAD = 20
+
+    def __init__(self, run_queue: RunQueue, run_keys: Sequence[str]) -> None:
+        self._chunks: Queue_[tuple[Pipeline, int] | Exception | None] = Queue_(maxsize=self.AHEAD)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._build, args=(run_queue, list(run_keys)),
+                                        name="rq-jobs", daemon=True)
+        self._thread.start()
+
+    def _build(self, run_queue: RunQueue, run_keys: list[str]) -> None:
+        try:
+            for i in range(0, len(run_keys), CHUNK):
+                if self._stop.is_set():
+                    return
+                chunk = run_keys[i:i + CHUNK]
+                self._chunks.put((run_queue._chunk(chunk), len(chunk)))
+        except Exception as exc:  # noqa: BLE001 (raised again by send(), in the caller)
+            self._chunks.put(exc)
+        finally:
+            self._chunks.put(None)
+
+    def send(self) -> int:
+        """Execute the pipelines in order as they are built; returns how many jobs were enqueued."""
+        n = 0
+        try:
+            while (item := self._chunks.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                pipe, jobs = item
+                with pipe:
+                    pipe.execute()
+                n += jobs
+        finally:
+            self.discard()
+        return n
+
+    def discard(self) -> None:
+        """Stop building and drop what was built: nothing is written to Redis (the ledger write failed)."""
+        self._stop.set()
+        while self._thread.is_alive():  # a builder waiting for room is let through to its end
+            try:
+                self._chunks.get(timeout=0.1)
+            except Empty:
+                pass
+        self._thread.join()

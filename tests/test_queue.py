@@ -158,3 +158,21 @@ def test_status_shows_queue_position_and_the_worker_holding_a_run(ledger, settin
     assert rows["q-v1-1-clean"]["worker"] == "host.1234"
     table = CliRunner().invoke(cli, ["status"], catch_exceptions=False).output
     assert "queue #1" in table and "worker host.1234" in table
+
+
+def test_prepared_jobs_are_written_only_when_sent(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Enqueue builds the RQ jobs while the ledger writes: nothing may reach Redis before `send`,
+    and nothing at all once discarded (the ledger write failed), even with the builder waiting."""
+    from ggpo_batch.queue import PreparedJobs
+
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    keys = [f"s-v1-{i}-clean" for i in range(1203)]  # three chunks
+    monkeypatch.setattr(PreparedJobs, "AHEAD", 1)  # the builder waits for room after one chunk
+    PreparedJobs(q, keys).discard()
+    assert q.connection.dbsize() == 0
+    monkeypatch.setattr(PreparedJobs, "AHEAD", 4)  # room for the three chunks and the end mark
+    jobs = PreparedJobs(q, keys)
+    jobs._thread.join()  # every chunk built, none sent
+    assert q.waiting() == {} and q.connection.dbsize() == 0
+    assert jobs.send() == len(keys)
+    assert list(q.waiting()) == keys
