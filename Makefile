@@ -3,12 +3,13 @@
 #   make test   set up, start the services the tests use, and run the whole suite
 # and for a developer:
 #   make test-fast   the same, without the tests marked slow (under a minute on 2 cores)
-# The suite runs on PYTEST_WORKERS pytest-xdist workers; setup.cfg sets --dist loadgroup, so the
-# tests bound to the one dev Slurm stay together on one worker (tests/conftest.py).
+# The suite runs on PYTEST_WORKERS pytest-xdist workers (more than the 2 cores: many tests wait on
+# Slurm, timeouts or child processes); setup.cfg sets --dist loadgroup, so tests sharing a costly
+# module fixture stay on one worker, and tests on the dev Slurm take turns on it (tests/conftest.py).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS_TEST ?= train,dev,cpu-rollout
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 4
 
 .PHONY: test test-fast demo setup services
 test: setup services
