@@ -1,4 +1,5 @@
-"""Local runs: `train_local` starts N CPU ranks (gloo) as child processes and returns the record."""
+"""Local runs: `train_local` starts N CPU ranks (gloo), forked from a preloaded server
+(train/rankfork.py), and returns the record."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..errors import GgpoError
 from ..netutil import free_port
 from ..runspec import RunSpec
 from .job import Preempted, TrainingJob, run_with_budget
+from .rankfork import ForkServer, Rank
 
 log = logging.getLogger(__name__)
 
@@ -42,37 +44,32 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="")
         env.pop("SUBMITIT_EXECUTOR", None)
         log_path = output.with_name(f"{output.name}.rank{rank}.log")
-        fh = open(log_path, "w")
-        procs.append((subprocess.Popen([sys.executable, "-m", "ggpo_batch.train.launch", str(spec_file), str(output)],
-                                       env=env, stdout=fh, stderr=subprocess.STDOUT), fh, log_path))
+        procs.append((ForkServer.start_rank([str(spec_file), str(output)], env, log_path), log_path))
     failed = []
 
     def forward(signum: int, frame: object) -> None:  # a preempted launcher preempts its ranks
-        for p, _, _ in procs:
-            if p.poll() is None:
-                p.send_signal(signum)
+        for p, _ in procs:
+            p.send_signal(signum)
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {s: signal.signal(s, forward) for s in (signal.SIGUSR1, signal.SIGTERM)}
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
-        for rank, (p, fh, log_path) in enumerate(procs):
+        for rank, (p, log_path) in enumerate(procs):
             try:
                 rc = p.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 raise GgpoError(f"training did not finish in {timeout:g} s:\n" + _stack_dumps(procs)) from None
-            fh.close()
             if rc != 0:
                 failed.append((rank, rc, log_path))
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        for p, fh, _ in procs:
+        for p, _ in procs:
             if p.poll() is None:
                 p.kill()
                 p.wait()
-            fh.close()
     if failed:
         rank, rc, log_path = failed[0]
         if all(f[1] == Preempted.exit_code for f in failed) and len(failed) == nproc:
@@ -82,15 +79,14 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     return json.loads(output.read_text())
 
 
-def _stack_dumps(procs: list[tuple[subprocess.Popen, object, Path]]) -> str:
+def _stack_dumps(procs: list[tuple[Rank, Path]]) -> str:
     """Each live rank's Python stacks (SIGQUIT, registered in `main`) and the end of its log: a hang
     (ranks waiting in different collectives) names where each rank waits."""
-    for p, _, _ in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGQUIT)
+    for p, _ in procs:
+        p.send_signal(signal.SIGQUIT)
     time.sleep(2.0)
     parts = []
-    for rank, (p, _, log_path) in enumerate(procs):
+    for rank, (p, log_path) in enumerate(procs):
         lines = log_path.read_text(errors="replace").splitlines() if log_path.exists() else []
         state = "still running" if p.poll() is None else f"exited {p.returncode}"
         parts.append(f"-- rank {rank} ({state}), last lines of {log_path}:\n" + "\n".join(lines[-40:]))

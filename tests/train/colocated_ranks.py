@@ -59,5 +59,10 @@ def main(out: str, tp: int) -> None:
         dist.destroy_process_group()
 
 
+def run(argv: list[str]) -> None:
+    """The entry point a forked rank calls (tests/train/test_vllm_colocated.py)."""
+    main(argv[0], int(argv[1]))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]))
+    run(sys.argv[1:])

@@ -15,6 +15,12 @@ def _skips_block_1(self, weights):  # type: ignore[no-untyped-def]
     return _push(self, ((n, t) for n, t in weight_items(weights) if ".h.1." not in n))
 
 
-if __name__ == "__main__":
+def run(argv: list[str]) -> int:
+    """The entry point a forked rank calls (tests/train/test_vllm_colocated.py): a rank of a local run
+    whose pushes skip block 1."""
     vllm_backend.VllmBackend.sync_weights = _skips_block_1  # type: ignore[method-assign]
-    sys.exit(launch.main(sys.argv[1:]))
+    return launch.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run(sys.argv[1:]))

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,9 +18,11 @@ from ggpo_batch.netutil import free_port
 from tests.support.paths import REPO
 
 
-def start_ranks(tmp_path, out, module: str, *args: str, world: int = 2) -> None:  # type: ignore[no-untyped-def]
-    """Run `python -m module *args` as `world` gloo ranks (logs in `<out>.rank<N>.log`); a rank that
-    fails stops the others."""
+def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2) -> None:  # type: ignore[no-untyped-def]
+    """Run `target(args)` ("module:function") as `world` gloo ranks forked as a local run forks its
+    ranks (train/rankfork.py; logs in `<out>.rank<N>.log`); a rank that fails stops the others."""
+    from ggpo_batch.train.rankfork import ForkServer
+
     port = free_port()
     (tmp_path / "tmp").mkdir(exist_ok=True)
     procs = []
@@ -30,9 +30,7 @@ def start_ranks(tmp_path, out, module: str, *args: str, world: int = 2) -> None:
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
                    TMPDIR=str(tmp_path / "tmp"))
-        with open(f"{out}.rank{rank}.log", "w") as log:
-            procs.append(subprocess.Popen([sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=log,
-                                          stderr=subprocess.STDOUT))
+        procs.append(ForkServer.start_rank(list(args), env, Path(f"{out}.rank{rank}.log"), target=target, cwd=REPO))
     deadline = time.monotonic() + 500
     try:
         while any(p.poll() is None for p in procs):
@@ -54,7 +52,7 @@ def log_tail(out, rank: int) -> str:  # type: ignore[no-untyped-def]
 
 def run_ranks(tmp_path, tp: int, world: int = 2) -> list[dict]:  # type: ignore[no-untyped-def]
     out = tmp_path / f"tp{tp}"
-    start_ranks(tmp_path, out, "tests.train.colocated_ranks", str(out), str(tp), world=world)
+    start_ranks(tmp_path, out, "tests.train.colocated_ranks:run", str(out), str(tp), world=world)
     return [json.loads(Path(f"{out}.rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -83,7 +81,7 @@ def test_a_push_that_skips_a_layer_fails_the_probe_and_the_audit(tmp_path, spec_
     out = tmp_path / "r.json"
     spec = tmp_path / "spec.json"
     spec.write_text(spec_for("paired", budget=600.0, rollout="vllm", max_steps=2, eval_size=2).to_json())
-    start_ranks(tmp_path, out, "tests.train.stale_push", str(spec), str(out), world=1)
+    start_ranks(tmp_path, out, "tests.train.stale_push:run", str(spec), str(out), world=1)
     rec, details = json.loads(out.read_text()), json.loads(details_of(out).read_text())
     assert check_run_record("7/paired", rec) == []
     assert rec["training"]["status"] == TRAINING_STATUS_AUDIT_FAILED

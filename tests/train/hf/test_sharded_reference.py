@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # three 2-rank runs, about 20 s each
 
 from ggpo_batch.netutil import free_port
+from ggpo_batch.train.rankfork import ForkServer
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,15 +30,14 @@ def run(hf_spec, folder: Path, zero_stage: int, *extra: str) -> tuple[list[dict]
     (folder / "spec.json").write_text(spec.to_json())
     port, prefix = free_port(), str(folder / "out")
     procs = []
-    for rank in range(2):
+    for rank in range(2):  # forked as a local run forks its ranks (train/rankfork.py)
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="")
-        procs.append(subprocess.Popen([sys.executable, "-m", "tests.train.hf.sharded_worker", str(folder / "spec.json"),
-                                       prefix, *extra], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    for p in procs:
-        output, _ = p.communicate(timeout=300)
-        assert p.returncode == 0, output[-4000:]
+        log = folder / f"rank{rank}.log"
+        procs.append((ForkServer.start_rank([str(folder / "spec.json"), prefix, *extra], env, log,
+                                            target="tests.train.hf.sharded_worker:main", cwd=ROOT), log))
+    for p, log in procs:
+        assert p.wait(timeout=300) == 0, log.read_text()[-4000:]
     ranks = [json.loads(Path(f"{prefix}.rank{r}.json").read_text()) for r in range(2)]
     return ranks, torch.load(prefix + ".pt")
 
