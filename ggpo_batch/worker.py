@@ -64,7 +64,9 @@ def execute_run(run_key: str) -> dict[str, Any]:
         finally:
             ledger.engine.dispose()
     if ctx.pid != os.getpid():  # a forked job: never use the parent's pooled connections
-        ctx.ledger.engine.dispose(close=False)
+        pool = ctx.ledger.engine.pool
+        if pool.checkedin() or pool.checkedout():  # type: ignore[attr-defined]  (a QueuePool: ledger.db)
+            ctx.ledger.engine.dispose(close=False)
         ctx.pid = os.getpid()
     return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
 
@@ -233,6 +235,9 @@ def _warm(ledger: Ledger) -> None:
                 twin.mark_submitted(run.run_key, att.number, job_id="0", actor=key)
             twin.settle_attempt(run.run_key, att.number, lambda _run, _att: end, actor=key,
                                 job_id="0" if i == 0 else None)
+    # Forked jobs start from an empty pool: a job replaces the pool (1.4 ms) only if the worker
+    # holds a connection then (reconcile opens its own engine; the worker's stays idle).
+    ledger.engine.dispose()
     gc.freeze()  # the worker's own objects stay out of every job's garbage collections
 
 
