@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.errors import GgpoError  # noqa: E402
-from ggpo_batch.train.launch import train_local  # noqa: E402
+from ggpo_batch.errors import GgpoError
+from ggpo_batch.train.launch import train_local
 
 pytestmark = pytest.mark.train
 

@@ -1,0 +1,59 @@
+"""The rank fork server (ggpo_batch/train/rankfork.py): a forked rank gets its own environment,
+folder, temp dir and log, and its exit status comes back even when it exits at once or is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from ggpo_batch.train.rankfork import ForkServer
+
+pytestmark = pytest.mark.train
+
+HERE = "tests.train.test_rankfork"
+
+
+def report(argv: list[str]) -> int:
+    """A rank that says what it sees, then exits with code argv[0] (0: returns None)."""
+    print(f"cwd={os.getcwd()} tmp={tempfile.gettempdir()} marker={os.environ.get('GGPO_FORK_MARKER')} "
+          f"sys.argv={sys.argv[1:]} torch={'torch' in sys.modules}")
+    return int(argv[0]) or None  # type: ignore[return-value]
+
+
+def sleeper(argv: list[str]) -> None:
+    print("sleeping", flush=True)
+    signal.pause()
+
+
+def test_a_forked_rank_has_its_environment_folder_and_exit_code(tmp_path: Path):
+    (tmp_path / "t").mkdir()
+    env = dict(os.environ, GGPO_FORK_MARKER="m1", TMPDIR=str(tmp_path / "t"))
+    ranks = [ForkServer.start_rank([str(code)], env, tmp_path / f"r{code}.log", target=f"{HERE}:report", cwd=tmp_path)
+             for code in (0, 3)]
+    assert [r.wait(timeout=60) for r in ranks] == [0, 3]  # both exit at once: neither status is lost
+    log = (tmp_path / "r3.log").read_text()
+    assert f"cwd={tmp_path} tmp={tmp_path / 't'} marker=m1 sys.argv=['3'] torch=True" in log, log
+
+
+def test_a_killed_rank_reports_its_signal_and_a_changed_import_environment_gets_a_new_server(tmp_path: Path):
+    log = tmp_path / "s.log"
+    rank = ForkServer.start_rank([], dict(os.environ), log, target=f"{HERE}:sleeper")
+    deadline = time.monotonic() + 60
+    while not (log.exists() and "sleeping" in log.read_text()):
+        assert rank.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    first = ForkServer._current
+    rank.kill()
+    assert rank.wait(timeout=30) == -signal.SIGKILL
+    # OMP_NUM_THREADS is read when torch is imported: a request that changes it needs another server
+    env = dict(os.environ, OMP_NUM_THREADS="2")
+    assert ForkServer.start_rank(["0"], env, tmp_path / "o.log", target=f"{HERE}:report").wait(timeout=60) == 0
+    assert ForkServer._current is not first and first in ForkServer._replaced
