@@ -36,7 +36,8 @@ def test_a_stale_extension_lock_does_not_stall_the_process_group(tmp_path: Path)
     (tmp_path / "deepspeed_shm_comm").mkdir()
     (tmp_path / "deepspeed_shm_comm" / "lock").touch()
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, "-c", ONE_RANK], env=env, capture_output=True, text=True, timeout=90)
+    proc = subprocess.run([sys.executable, "-c", ONE_RANK], env=env, capture_output=True, text=True, timeout=90,
+                          check=False)
     assert proc.returncode == 0 and "process group made" in proc.stdout, proc.stderr[-2000:]
     assert (tmp_path / "deepspeed_shm_comm" / "lock").exists()  # untouched: nothing waited on it
     assert not list((tmp_path / "deepspeed_shm_comm").glob("*.so"))  # and nothing was built
