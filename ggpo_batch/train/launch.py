@@ -66,10 +66,13 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        for p, _ in procs:
+        for p, log_path in procs:
             if p.poll() is None:
                 p.kill()
-                p.wait()
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:  # its status never came back (the fork server died)
+                    log.error("rank pid %d (log %s) killed; its exit status did not come back", p.pid, log_path)
     if failed:
         rank, rc, log_path = failed[0]
         if all(f[1] == Preempted.exit_code for f in failed) and len(failed) == nproc:
