@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.paths import DEV_CLUSTER_UP
+from tests.support.paths import DEV_CLUSTER_STATE, DEV_CLUSTER_UP
 from tests.support.services import (
     PG_ADMIN_URL,
     flushed_redis,
@@ -41,7 +41,6 @@ from tests.support.services import (
 # each; a test marked `slurm_exclusive` (one that restarts the controller, takes a node down, or
 # needs both nodes) takes every turn, so it has the cluster alone.
 UNGROUPED = pytest.StashKey[str]()
-SLURM_STATE = Path(os.environ.get("GGPO_SLURM_STATE", "/var/tmp/ggpo-slurm"))
 SLURM_TURNS = 2  # the dev cluster's nodes
 
 
@@ -60,8 +59,8 @@ def _xdist_group(item: pytest.Item) -> str | None:
 def slurm_turn(exclusive: bool) -> Iterator[None]:
     """A turn on the dev Slurm, across xdist workers and pytest sessions: one free turn (lock file),
     or all of them, taken in order. flock: the kernel releases a dead process's turns."""
-    SLURM_STATE.mkdir(parents=True, exist_ok=True)
-    files = [open(SLURM_STATE / f"test-turn-{i}.lock", "a") for i in range(SLURM_TURNS)]
+    DEV_CLUSTER_STATE.mkdir(parents=True, exist_ok=True)
+    files = [open(DEV_CLUSTER_STATE / f"test-turn-{i}.lock", "a") for i in range(SLURM_TURNS)]
     held = []
     try:
         if exclusive:

@@ -20,13 +20,13 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from tests.support import slurm_jobs as jobs
-from tests.support.paths import PROFILES
+from tests.support.paths import DEV_CLUSTER_STATE, PROFILES
 from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, squeue_state
 from tests.support.specs import write_spec
 from tests.support.waiting import reconcile_until_ended, wait_until
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slurm_exclusive, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
-CTLD_PIDFILE = Path("/var/tmp/ggpo-slurm/run/slurmctld.pid")
+CTLD_PIDFILE = DEV_CLUSTER_STATE / "run" / "slurmctld.pid"
 
 
 @pytest.fixture
@@ -176,7 +176,7 @@ def _node_of(job_id: str) -> str:
 
 
 def _slurmd_log(node: str) -> Path:
-    return Path(f"/var/tmp/ggpo-slurm/log/slurmd.{node}.log")  # SlurmdLogFile=.../slurmd.%n.log
+    return DEV_CLUSTER_STATE / "log" / f"slurmd.{node}.log"  # SlurmdLogFile=.../slurmd.%n.log
 
 
 def _steps_done(job_id: str, node: str) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -14,3 +15,5 @@ SEED_003 = DATA / "003_6402ffbf4ba21fea.txt"  # one nightly CPU component run
 JOBS = REPO / "jobs"
 PROFILES = REPO / "slurm" / "profiles"
 DEV_CLUSTER_UP = REPO / "slurm" / "dev-cluster" / "up.sh"
+# The dev cluster's state folder (slurm/dev-cluster/common.sh: pid files in run/, logs in log/).
+DEV_CLUSTER_STATE = Path(os.environ.get("GGPO_SLURM_STATE", "/var/tmp/ggpo-slurm"))
