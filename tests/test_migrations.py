@@ -69,3 +69,29 @@ def test_status_start_up_does_not_import_alembic_torch_matplotlib_or_rq(tmp_path
              "print(sorted(m for m in ('alembic', 'torch', 'matplotlib', 'rq', 'deepspeed') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_truncated_sqlite_ledger_is_refused_even_by_a_query_that_reads_only_its_first_page(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite notices a missing page only when a query reads it; `SELECT 1` reads none, so without
+    the header check a truncated ledger would open. The same file whole opens."""
+    import sqlite3
+
+    from sqlalchemy import text
+    from sqlalchemy.exc import DatabaseError
+
+    db = tmp_path / "ledger.sqlite3"
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE t (x TEXT)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("x" * 200,)] * 500)
+    conn.close()
+    assert not (tmp_path / "ledger.sqlite3-wal").exists()
+    healthy = make_engine(f"sqlite:///{db}")
+    with healthy.connect() as c:
+        assert c.execute(text("SELECT count(*) FROM t")).scalar() == 500
+    healthy.dispose()  # the last connection checkpoints and removes the log
+    data = db.read_bytes()
+    db.write_bytes(data[: len(data) // 2])
+    engine = make_engine(f"sqlite:///{db}")
+    with pytest.raises(DatabaseError, match="truncated"), engine.connect() as c:
+        c.execute(text("SELECT 1"))
+    engine.dispose()

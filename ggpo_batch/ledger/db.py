@@ -52,9 +52,12 @@ def make_engine(url: str) -> Engine:
         # Pooled, not a connection per transaction: closing the last connection to a WAL database
         # checkpoints it, which cost more than the transaction itself (4 ms each, 6 per submitted run).
         engine = create_engine(url, connect_args={"timeout": 5}, pool_size=1, max_overflow=8)
+        db_file = Path(u.database).expanduser() if u.database and u.database != ":memory:" else None
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            if db_file is not None:
+                refuse_truncated_sqlite(db_file)
             dbapi_conn.isolation_level = None  # pysqlite's own BEGIN handling off; we emit ours
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -72,6 +75,36 @@ def make_engine(url: str) -> Engine:
     # firewall that drops packets) must not hang a command: bounded connect, TCP keepalives after.
     connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in u.query}
     return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+
+
+def refuse_truncated_sqlite(path: Path) -> None:
+    """Raise sqlite3.DatabaseError if the file is shorter than its own header says.
+
+    SQLite itself notices a truncated file only when a query reads a missing page, so a command
+    that reads the first pages only (a dry run, an empty status) would go on with a ledger that
+    has lost rows. With no write-ahead log beside it, a healthy file is never shorter than the
+    page count in its header; while a log exists, the header may lag it, so nothing is checked.
+    """
+    import sqlite3
+
+    try:
+        with path.open("rb") as f:
+            header = f.read(100)
+            size = path.stat().st_size
+        wal = Path(f"{path}-wal")
+        if wal.exists() and wal.stat().st_size > 0:
+            return
+    except OSError:
+        return  # absent or unreadable: SQLite's own open gives the error
+    if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
+        return  # empty (a new ledger) or not SQLite at all: SQLite's own error says which
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    change_counter, valid_for = header[24:28], header[92:96]
+    if change_counter == valid_for and pages and size < pages * page_size:
+        raise sqlite3.DatabaseError(f"database disk image is malformed: {path} is {size} bytes, its header "
+                                    f"says {pages} pages of {page_size} bytes (the file was truncated)")
 
 
 PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
