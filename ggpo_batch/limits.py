@@ -3,8 +3,9 @@
 A spec, a results file, a command argument and an environment variable all pass the same checks
 here, so a value is refused with one line and exit 2 the same way on SQLite and on PostgreSQL
 (which would otherwise disagree: PostgreSQL refuses a name longer than its column, NaN in JSON, a
-NUL character, an integer beyond 64 bits; SQLite stores them). Lengths are read from the ledger's
-columns (`ledger/schema.py`), not restated.
+NUL character, an integer beyond 64 bits; SQLite stores them). The lengths of the ledger's columns
+that hold these values are stated here and `ledger/schema.py` declares its columns with them, so
+this module does not import the ledger (every command reads its settings through it).
 
 Each `*_problem` function returns None for a good value, else a phrase saying what is wrong
 ("is 200 characters; at most 128"); callers put it in their own error (SpecError, RecordError,
@@ -23,30 +24,26 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .ledger.schema import Attempt, ComponentRun, Decision, Event, Experiment, Run
-
-
-def column_length(attr: Any) -> int:
-    """The declared length of a String column, e.g. column_length(Run.arm) == 64."""
-    return int(attr.property.columns[0].type.length)
-
-
 # -- names ---------------------------------------------------------------------------------------
 # Experiment, queue and profile names: letters, digits, '_' and '-'. The limit is this project's
 # choice (a run key must hold the longest name, version, seed and arm; asserted below).
 NAME_MAX = 64
 NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_-]{{0,{NAME_MAX - 1}}}$")
 NAME_RULE = f"letters, digits, '_' or '-', at most {NAME_MAX}"
-# Arm names: no '-' (run keys are split on it); as long as the runs.arm column.
-ARM_NAME_MAX = column_length(Run.arm)
+# The columns that hold names (experiments.name, decisions.experiment_name) are longer than NAME_MAX;
+# experiments.queue is NAME_MAX long (ledger/schema.py; tests/test_migrations.py checks both).
+NAME_COLUMN_LENGTH = 128
+# Arm names: no '-' (run keys are split on it); the length of the runs.arm column.
+ARM_NAME_MAX = 64
 ARM_NAME = re.compile(rf"^[A-Za-z0-9][A-Za-z0-9_]{{0,{ARM_NAME_MAX - 1}}}$")
 ARM_NAME_RULE = f"letters, digits and '_', at most {ARM_NAME_MAX}"
-# Run keys are RQ job ids: RQ accepts only [A-Za-z0-9_-].
-RUN_KEY_MAX = column_length(Run.run_key)
+# Run keys are RQ job ids: RQ accepts only [A-Za-z0-9_-]. The length of the runs.run_key column.
+RUN_KEY_MAX = 200
 RUN_KEY = re.compile(rf"^[A-Za-z0-9_-]{{1,{RUN_KEY_MAX}}}$")
-# Who did something (GGPO_USER, or the login name): every actor column holds it.
-USER_MAX = min(column_length(c) for c in (Event.actor, Experiment.created_by, Attempt.submitted_by,
-                                          Decision.decided_by, ComponentRun.actor))
+# Who did something (GGPO_USER, or the login name): the length of every actor column.
+USER_MAX = 128
+# An RQ worker's name: the length of runs.worker and attempts.worker.
+WORKER_NAME_MAX = 200
 
 # -- numbers -------------------------------------------------------------------------------------
 SEED_MIN, SEED_MAX = 0, 2**63 - 1  # runs.seed is a BIGINT
@@ -64,8 +61,7 @@ SECRET_FILE_MAX_BYTES = 64 << 10
 
 _run_key_room = len(f"-v{VERSION_MAX}-{SEED_MAX}-")
 assert NAME_MAX + _run_key_room + ARM_NAME_MAX <= RUN_KEY_MAX, "the longest run key must fit runs.run_key"
-assert NAME_MAX <= min(column_length(Experiment.name), column_length(Decision.experiment_name),
-                       column_length(Experiment.queue)), "an experiment or queue name must fit its columns"
+assert NAME_MAX <= NAME_COLUMN_LENGTH, "an experiment name must fit its columns"
 
 
 class InputRefused(Exception):
@@ -124,8 +120,7 @@ def run_key_problem(value: Any) -> str | None:
 
 def worker_name_problem(value: Any) -> str | None:
     """An RQ worker name, recorded on runs and attempts."""
-    return text_problem(value, max_chars=min(column_length(Run.worker), column_length(Attempt.worker)),
-                        single_line=True)
+    return text_problem(value, max_chars=WORKER_NAME_MAX, single_line=True)
 
 
 def user_problem(value: Any) -> str | None:

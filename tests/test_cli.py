@@ -55,3 +55,28 @@ def test_password_never_printed(env: dict[str, str], monkeypatch: pytest.MonkeyP
     res = _run("db", "current")
     assert res.exit_code == 4 and "the ledger database is unavailable" in res.output
     assert "s3cr3t-pw" not in res.output
+
+
+def test_each_command_is_looked_up_in_the_modules_that_register_it() -> None:
+    """`cli` imports a command's modules when it is used (app.COMMAND_MODULES), not at start-up: every
+    command and subcommand the *_cmds modules register must be reachable that way, or a fresh
+    `ggpo-batch` would not have it (`ledger export` is registered by report_cmds on ledger_cmds' group)."""
+    import pkgutil
+    from importlib import import_module
+
+    import ggpo_batch.cli as package
+    from ggpo_batch.cli.app import COMMAND_MODULES
+
+    for found in pkgutil.iter_modules(package.__path__):
+        if found.name.endswith("_cmds"):
+            import_module(f"{package.__name__}.{found.name}")
+
+    def registered_by(cmd) -> set[str]:  # type: ignore[no-untyped-def]
+        modules = {cmd.callback.__module__.rsplit(".", 1)[-1]} if cmd.callback else set()
+        for sub in getattr(cmd, "commands", {}).values():
+            modules |= registered_by(sub)
+        return modules
+
+    assert set(cli.commands) == set(COMMAND_MODULES)
+    for name, cmd in cli.commands.items():
+        assert registered_by(cmd) <= set(COMMAND_MODULES[name]), name

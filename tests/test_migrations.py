@@ -57,18 +57,41 @@ def test_the_packaged_head_is_the_head_of_migrations() -> None:
     assert HEAD_REVISION == migrations_head()
 
 
-def test_status_start_up_does_not_import_alembic_torch_matplotlib_or_rq(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_status_start_up_imports_no_orm_alembic_rich_torch_matplotlib_or_rq(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """`status` on an empty ledger (issue 14: under 0.3 s) reads through SQLAlchemy Core alone: the ORM,
+    the declarative schema, every part of Ledger, rich and the other commands' modules stay unimported."""
     import os
     import subprocess
     import sys
 
-    env = {**os.environ, "GGPO_DATA_DIR": str(tmp_path), "GGPO_REDIS_URL": "redis://127.0.0.1:1/0"}  # nothing listens: untouched
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
+    env.update({"GGPO_DATA_DIR": str(tmp_path), "GGPO_REDIS_URL": "redis://127.0.0.1:1/0"})  # nothing listens: untouched
     subprocess.run([sys.executable, "-m", "ggpo_batch.cli", "db", "upgrade"], env=env, check=True,
                    capture_output=True)
+    heavy = ("alembic", "torch", "matplotlib", "rq", "deepspeed", "sqlalchemy.orm", "rich", "ggpo_batch.ledger.schema",
+             "ggpo_batch.ledger.core", "ggpo_batch.reporting.status", "ggpo_batch.cli.queue_cmds",
+             "ggpo_batch.cli.train_cmds", "ggpo_batch.cli.dashboard_cmds", "ggpo_batch.cli.report_cmds")
     probe = ("import sys; from ggpo_batch.cli import cli; cli(['status'], standalone_mode=False); "
-             "print(sorted(m for m in ('alembic', 'torch', 'matplotlib', 'rq', 'deepspeed') if m in sys.modules))")
+             f"print(sorted(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], env=env, check=True, capture_output=True, text=True)
+    assert out.stdout.strip().splitlines()[0].startswith("no experiments in the ledger")
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_the_limits_fit_the_ledger_columns() -> None:
+    """limits.py states the lengths of the columns that hold checked input, and schema.py declares
+    those columns with them; the names a run key is made of fit it, and names fit their columns."""
+    from ggpo_batch import limits
+    from ggpo_batch.ledger.schema import Attempt, ComponentRun, Decision, Event, Experiment, Run
+
+    def length(attr) -> int:  # type: ignore[no-untyped-def]
+        return int(attr.property.columns[0].type.length)
+
+    assert length(Run.arm) == limits.ARM_NAME_MAX and length(Run.run_key) == limits.RUN_KEY_MAX
+    assert {length(c) for c in (Event.actor, Experiment.created_by, Attempt.submitted_by, Decision.decided_by,
+                                ComponentRun.actor)} == {limits.USER_MAX}
+    assert length(Run.worker) == length(Attempt.worker) == limits.WORKER_NAME_MAX
+    assert limits.NAME_MAX <= min(length(Experiment.name), length(Decision.experiment_name), length(Experiment.queue))
 
 
 def test_a_truncated_sqlite_ledger_is_refused_even_by_a_query_that_reads_only_its_first_page(tmp_path) -> None:  # type: ignore[no-untyped-def]

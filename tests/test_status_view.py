@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
 from ggpo_batch.ledger import NewRun, connect, upgrade
+from ggpo_batch.ledger import db as ledger_db
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reporting.status import experiment_status
@@ -84,4 +85,47 @@ def test_library_view_lists_every_run_by_default(db_url: str) -> None:
     assert len(exp["runs"]) == RUNS and exp["view"] == "runs"
     [att] = experiment_status(led, attention=True, limit=3)
     assert [r["state"] for r in att["runs"]] == ["failed", "submitted", "queued"] and att["runs_not_shown"] == RUNS - 3
+    led.engine.dispose()
+
+
+def _upgraded(db_url: str) -> None:
+    engine = make_engine(db_url)
+    upgrade(engine)
+    engine.dispose()
+
+
+STATUS_VIEWS = ([], ["-e", "sv"], ["-s", "failed"], ["--runs", "--limit", "0"])
+
+
+def test_an_empty_ledger_is_answered_by_one_query_as_the_full_view_answers_it(env: dict[str, str], db_url: str,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """No experiment and no decision: `status` answers from `ledger.db.is_empty` (no ORM), printing
+    exactly what the full view prints, for every view and as JSON; Redis is not asked."""
+    _upgraded(db_url)
+    monkeypatch.setenv("GGPO_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
+    quick = {(*json_, *view): _cli("status", *json_, *view).output for view in STATUS_VIEWS for json_ in ([], ["--json"])}
+    assert quick[()] == "no experiments in the ledger (ggpo-batch enqueue SPEC, or ggpo-batch ledger import FILE)\n"
+    assert json.loads(quick[("--json",)]) == {"experiments": [], "decided": []}
+    monkeypatch.setattr(ledger_db, "is_empty", lambda engine: False)  # the full view, through the ORM
+    full = {(*json_, *view): _cli("status", *json_, *view).output for view in STATUS_VIEWS for json_ in ([], ["--json"])}
+    assert quick == full
+
+
+def test_a_ledger_with_only_a_decision_or_an_experiment_without_runs_is_not_empty(env: dict[str, str],
+                                                                                 db_url: str) -> None:
+    _upgraded(db_url)
+    led = connect(db_url)
+    assert ledger_db.is_empty(led.engine)
+    led.record_decision(experiment_name="paper-full", kind="not_reproduced_high_cost", actor="t", reason="review")
+    assert not ledger_db.is_empty(led.engine)
+    assert "decided, never queued" in _cli("status").output
+    assert [d["experiment"] for d in json.loads(_cli("status", "--json").output)["decided"]] == ["paper-full"]
+    with led.engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM decisions")
+    assert ledger_db.is_empty(led.engine)
+    led.create_experiment(name="sv", version=1, method="ggpo", source="spec", spec_hash="h", spec={}, gpus=4,
+                          actor="t", queue="svq", runs=[])
+    assert not ledger_db.is_empty(led.engine)
+    [exp] = json.loads(_cli("status", "--json").output)["experiments"]
+    assert exp["experiment"] == "sv" and exp["totals"]["runs"] == 0
     led.engine.dispose()

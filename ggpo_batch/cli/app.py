@@ -8,19 +8,23 @@ import json
 import logging
 import sys
 from collections.abc import Callable
+from importlib import import_module
 from typing import Any
 
 import click
+from click.exceptions import NoSuchCommand
 
 from ..config import Settings, load_settings, redact
 from ..errors import GgpoError
 
 
 class App:
-    """Per-invocation state: settings and the ledger, opened on first use."""
+    """Per-invocation state: settings, the ledger's engine and the ledger, opened on first use."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
+        self._engine: Any = None
+        self._schema_checked = False
         self._ledger: Any = None
 
     @property
@@ -32,15 +36,29 @@ class App:
     def close(self) -> None:
         """Close the ledger's connections when the command ends: closing the last connection to a
         WAL SQLite ledger checkpoints it, so the file on disk is whole after every command."""
-        if self._ledger is not None:
-            self._ledger.engine.dispose()
-            self._ledger = None
+        if self._engine is not None:
+            self._engine.dispose()
+        self._engine = self._ledger = None
+        self._schema_checked = False
+
+    def engine(self, *, check: bool = True):  # type: ignore[no-untyped-def]
+        """The ledger database's engine; with `check`, refused unless its schema is at head (once).
+        Core only: a command that reads through it alone does not import the ORM."""
+        from ..ledger.db import check_schema, make_engine
+
+        if self._engine is None:
+            self._engine = make_engine(self.settings.db_url)
+        if check and not self._schema_checked:
+            check_schema(self._engine)
+            self._schema_checked = True
+        return self._engine
 
     def ledger(self, *, check: bool = True):  # type: ignore[no-untyped-def]
+        """The Ledger on `engine(check=check)` (what `ledger.connect` makes)."""
         if self._ledger is None:
-            from ..ledger import connect
+            from ..ledger import Ledger
 
-            self._ledger = connect(self.settings.db_url, check=check)
+            self._ledger = Ledger(self.engine(check=check))
         return self._ledger
 
 
@@ -58,7 +76,38 @@ def _one_line(exc: click.UsageError) -> UsageLine:
     return UsageLine(f"{where}: {message} (see `{where} --help`)", exc.ctx)
 
 
+# The modules of ggpo_batch/cli that register each top-level command (and its subcommands): imported
+# only when that command runs (or `--help` lists them all), so `status` does not import what `train`
+# or `dashboard` need. tests/test_cli.py checks this map against what the modules register.
+COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "dashboard": ("dashboard_cmds",),
+    "db": ("ledger_cmds",), "status": ("ledger_cmds",),
+    "ledger": ("ledger_cmds", "report_cmds"),  # `ledger export` is report_cmds'
+    "logs": ("logs_cmds",),
+    "nightly": ("nightly_cmds",),
+    "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
+    "reconcile": ("queue_cmds",),
+    "report": ("report_cmds",), "decide": ("report_cmds",),
+    "train": ("train_cmds",),
+}
+
+
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *COMMAND_MODULES})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        for module in COMMAND_MODULES.get(cmd_name, ()):
+            import_module(f"{__package__}.{module}")  # registers its commands on `cli` (once: then cached)
+        return super().get_command(ctx, cmd_name)
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> tuple[str | None, click.Command | None,
+                                                                           list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except NoSuchCommand as exc:  # click suggests from the commands imported so far: suggest from all
+            raise NoSuchCommand(exc.command_name, possibilities=self.list_commands(ctx), ctx=ctx) from None
+
     def make_context(self, info_name: str | None, args: list[str], parent: click.Context | None = None,
                      **extra: Any) -> click.Context:
         # Keep the arguments as given: sys.argv is not them when the CLI is called from Python
@@ -149,7 +198,7 @@ def _unavailable(exc: Exception) -> tuple[str, int] | None:
 def _checked(check: str, *args: Any) -> Callable[[click.Context, click.Parameter, Any], Any]:
     """A click callback that refuses a value (or each of a repeated option's values) by the limit
     `ggpo_batch.limits.<check>`, before it reaches the ledger: one line, exit 2, on both backends.
-    (limits is imported when a value is checked: it reads the schema, and `--help` need not.)"""
+    (limits is imported when a value is checked: `--help` need not.)"""
 
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
         from .. import limits

@@ -117,12 +117,24 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: 
 
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
-    from ..reporting.status import StatusQuery, decided_experiments, iter_experiment_status
     from ..states import RUN_STATES
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
         raise click.BadParameter(f"{bad[0]!r}; states are {', '.join(RUN_STATES)}", param_hint="--state")
+    from ..ledger.db import is_empty
+
+    if is_empty(app.engine()):  # nothing to show, whatever was asked: said without the ORM or rich
+        if as_json:
+            _stream_json(iter(()), list)
+        else:
+            from .tables import print_decided, print_status
+
+            print_status([])
+            print_decided([])
+        return
+    from ..reporting.status import StatusQuery, decided_experiments, iter_experiment_status
+
     led = app.ledger()
     query = StatusQuery.of(states, all_runs=all_runs, limit=limit)
     it = iter_experiment_status(led, experiment=experiment, states=query.states, attention=query.attention,

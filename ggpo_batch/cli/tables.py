@@ -1,16 +1,18 @@
-"""Terminal tables (rich) for the CLI; nothing here computes, it only lays out."""
+"""Terminal tables (rich) for the CLI; nothing here computes, it only lays out. rich is imported
+only to draw a table: `status` on an empty ledger prints one plain line without it."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
+import click
 
-from ..reporting.status import state_label
+if TYPE_CHECKING:
+    from rich.console import Console
+
+NO_EXPERIMENTS = "no experiments in the ledger (ggpo-batch enqueue SPEC, or ggpo-batch ledger import FILE)"
 
 
 def _f(v: Any, digits: int = 3) -> str:
@@ -27,11 +29,25 @@ def _shape(exp: dict[str, Any]) -> str:
     return f"{exp['gpus']} GPUs" if nodes == 1 else f"{nodes} nodes x {exp['gpus']} GPUs"
 
 
+def _console(width: int = 160) -> Console:
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else width)
+
+
 def print_status(experiments: Sequence[dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
     if not experiments:
-        console.print("no experiments in the ledger (ggpo-batch enqueue SPEC, or ggpo-batch ledger import FILE)")
+        if console is None:
+            click.echo(NO_EXPERIMENTS)
+        else:
+            console.print(NO_EXPERIMENTS)
         return
+    from rich.markup import escape
+    from rich.table import Table
+
+    from ..reporting.status import state_label
+
+    console = console or _console()
     for exp in experiments:
         t = Table(title=f"{exp['experiment']} v{exp['version']}  ({exp['method']}, {exp['source']}, "
                         f"{_shape(exp)}/run)", title_justify="left")
@@ -92,7 +108,10 @@ def print_decided(decisions: Sequence[dict[str, Any]], console: Console | None =
     """Experiments decided before anything was queued: not failed, never run."""
     if not decisions:
         return
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    from rich.markup import escape
+    from rich.table import Table
+
+    console = console or _console()
     t = Table(title="decided, never queued (not failures: no GPU spent)", title_justify="left")
     for col in ("experiment", "decision", "est GPU-h", "cap GPU-h", "by", "review done", "resolution"):
         t.add_column(col, justify="right" if "GPU" in col else "left")

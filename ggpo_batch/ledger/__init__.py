@@ -3,25 +3,22 @@
 The only code that writes run and attempt state. Each transition runs in one transaction, locks
 the row it changes, checks the move is allowed (`ggpo_batch.states`), and appends an `events`
 row (who, when, from, to, why) in that same transaction.
+
+The names below are imported on first use (PEP 562): importing `ggpo_batch.ledger.db` or
+`.schema` does not import every part of `Ledger` and SQLAlchemy's ORM with them, so a command that
+needs only the engine (`status` on an empty ledger, `db current`) starts without them.
 """
 
-from .attempts import AttemptTransitions, QuotaExceeded
-from .component_runs import ComponentRecords
-from .core import NewRun
-from .costs import CostRecords
-from .db import connect, current_revision, downgrade, head_revision, upgrade
-from .heartbeats import HeartbeatRecords
-from .runs import RunTransitions
-from .summaries import RunSummaries
+from __future__ import annotations
 
+import threading
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
-class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords):
-    """The ledger on one database. Cheap to create; holds only an engine.
-
-    Every public method is one transaction and is retried while the database is unreachable,
-    for at most `retry_seconds` (default 120: a PostgreSQL restart does not lose a transition).
-    """
-
+if TYPE_CHECKING:
+    from .attempts import QuotaExceeded
+    from .core import NewRun
+    from .db import connect, current_revision, downgrade, head_revision, upgrade
 
 __all__ = [
     "Ledger",
@@ -33,3 +30,54 @@ __all__ = [
     "head_revision",
     "upgrade",
 ]
+
+_HOME = {"NewRun": ".core", "QuotaExceeded": ".attempts", "connect": ".db", "current_revision": ".db",
+         "downgrade": ".db", "head_revision": ".db", "upgrade": ".db"}
+
+
+def _ledger_class() -> type:
+    from .attempts import AttemptTransitions
+    from .component_runs import ComponentRecords
+    from .costs import CostRecords
+    from .heartbeats import HeartbeatRecords
+    from .runs import RunTransitions
+    from .summaries import RunSummaries
+
+    class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords):
+        """The ledger on one database. Cheap to create; holds only an engine.
+
+        Every public method is one transaction and is retried while the database is unreachable,
+        for at most `retry_seconds` (default 120: a PostgreSQL restart does not lose a transition).
+        """
+
+    Ledger.__module__, Ledger.__qualname__ = __name__, "Ledger"
+    return Ledger
+
+
+_FIRST_USE = threading.RLock()  # two threads asking for Ledger at once get the same class
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME and name != "Ledger":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    with _FIRST_USE:
+        if name not in globals():  # once: later lookups find it and do not come here
+            globals()[name] = _ledger_class() if name == "Ledger" else getattr(import_module(_HOME[name], __name__),
+                                                                                  name)
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
+
+
+if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
+    from .attempts import AttemptTransitions
+    from .component_runs import ComponentRecords
+    from .costs import CostRecords
+    from .heartbeats import HeartbeatRecords
+    from .runs import RunTransitions
+    from .summaries import RunSummaries
+
+    class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
+                 HeartbeatRecords): ...

@@ -237,6 +237,14 @@ def check_schema(engine: Engine) -> None:
     )
 
 
+def is_empty(engine: Engine) -> bool:
+    """True when the ledger holds no experiment and no decision: then `status` shows nothing,
+    whatever it is asked. One query, without the ORM, so `status` on a new ledger starts fast."""
+    anything = text("SELECT EXISTS (SELECT 1 FROM experiments) OR EXISTS (SELECT 1 FROM decisions)")
+    with engine.connect() as conn:
+        return not conn.execute(anything).scalar()
+
+
 def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0):  # type: ignore[no-untyped-def]
     """A Ledger on `url`; with `check`, refuse a schema that is not at head."""
     from . import Ledger

@@ -26,6 +26,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
+from ..limits import ARM_NAME_MAX, NAME_COLUMN_LENGTH, NAME_MAX, RUN_KEY_MAX, USER_MAX, WORKER_NAME_MAX
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -59,7 +61,7 @@ class Experiment(Base):
     __table_args__ = (UniqueConstraint("name", "version", name="uq_experiment_name_version"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(128))
+    name: Mapped[str] = mapped_column(String(NAME_COLUMN_LENGTH))
     version: Mapped[int] = mapped_column(Integer, default=1)
     method: Mapped[str] = mapped_column(String(64))
     source: Mapped[str] = mapped_column(String(16))  # spec | import
@@ -67,10 +69,10 @@ class Experiment(Base):
     spec_hash: Mapped[str] = mapped_column(String(64))
     # Deferred: a big spec (1,000 seeds) must not be decoded for every run row that joins it.
     spec: Mapped[dict[str, Any]] = mapped_column(JSON, deferred=True)
-    queue: Mapped[str | None] = mapped_column(String(64))
+    queue: Mapped[str | None] = mapped_column(String(NAME_MAX))
     gpus: Mapped[int] = mapped_column(Integer)
     max_gpu_hours: Mapped[float | None] = mapped_column(Float)
-    created_by: Mapped[str] = mapped_column(String(128))
+    created_by: Mapped[str] = mapped_column(String(USER_MAX))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     runs: Mapped[list[Run]] = relationship(back_populates="experiment", order_by="Run.id")
@@ -84,8 +86,8 @@ class Run(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
-    run_key: Mapped[str] = mapped_column(String(200), unique=True)
-    arm: Mapped[str] = mapped_column(String(64))
+    run_key: Mapped[str] = mapped_column(String(RUN_KEY_MAX), unique=True)
+    arm: Mapped[str] = mapped_column(String(ARM_NAME_MAX))
     seed: Mapped[int] = mapped_column(BigInteger)
     state: Mapped[str] = mapped_column(String(16), index=True)
     config_hash: Mapped[str] = mapped_column(String(64))
@@ -93,7 +95,7 @@ class Run(Base):
     retries_allowed: Mapped[int] = mapped_column(Integer, default=0)
     estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
     cause: Mapped[str | None] = mapped_column(Text)
-    worker: Mapped[str | None] = mapped_column(String(200))
+    worker: Mapped[str | None] = mapped_column(String(WORKER_NAME_MAX))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     # The evaluation's figures (ggpo_batch/outcome.py), booked with the result (migration 0003).
     # Deferred: per-item rewards are the report's to read, not every query's that loads runs.
@@ -119,8 +121,8 @@ class Attempt(Base):
     state: Mapped[str] = mapped_column(String(16))
     scheduler_state: Mapped[str | None] = mapped_column(String(32))
     reason: Mapped[str | None] = mapped_column(Text)
-    submitted_by: Mapped[str] = mapped_column(String(128))
-    worker: Mapped[str | None] = mapped_column(String(200))
+    submitted_by: Mapped[str] = mapped_column(String(USER_MAX))
+    worker: Mapped[str | None] = mapped_column(String(WORKER_NAME_MAX))
     gpus: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     submitted_at: Mapped[datetime | None] = mapped_column()
@@ -158,7 +160,7 @@ class Event(Base):
     entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
-    actor: Mapped[str] = mapped_column(String(128))
+    actor: Mapped[str] = mapped_column(String(USER_MAX))
     reason: Mapped[str | None] = mapped_column(Text)
 
 
@@ -169,7 +171,7 @@ class Decision(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
-    experiment_name: Mapped[str] = mapped_column(String(128), index=True)
+    experiment_name: Mapped[str] = mapped_column(String(NAME_COLUMN_LENGTH), index=True)
     kind: Mapped[str] = mapped_column(String(32))  # not_reproduced_high_cost | cost_accepted
     estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
     cap_gpu_hours: Mapped[float | None] = mapped_column(Float)
@@ -179,7 +181,7 @@ class Decision(Base):
     resolution: Mapped[str | None] = mapped_column(Text)
     review_done: Mapped[bool] = mapped_column(Boolean, default=False)
     automatic_retry: Mapped[bool] = mapped_column(Boolean, default=False)
-    decided_by: Mapped[str] = mapped_column(String(128))
+    decided_by: Mapped[str] = mapped_column(String(USER_MAX))
     decided_at: Mapped[datetime] = mapped_column(default=utcnow)
     reason: Mapped[str | None] = mapped_column(Text)
 
@@ -215,4 +217,4 @@ class ComponentRun(Base):
     dirty: Mapped[bool | None] = mapped_column(Boolean)
     record: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
-    actor: Mapped[str] = mapped_column(String(128))
+    actor: Mapped[str] = mapped_column(String(USER_MAX))
