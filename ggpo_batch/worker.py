@@ -25,6 +25,7 @@ from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
 from .executor import IN_PROCESS_EXECUTORS, make_executor
 from .ledger import Ledger, QuotaExceeded, connect
+from .ledger.attempts import AttemptPlan
 from .queue import RunQueue
 from .reconcile import reconcile_now, wait_settled
 from .runspec import RunSpec
@@ -73,25 +74,31 @@ def execute_run(run_key: str) -> dict[str, Any]:
 
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
     """Submit the next attempt of `run_key`, unless the ledger says it is not ours to submit."""
-    state, run_spec, experiment_queue = ledger.submission_view(run_key)
-    if state != "queued":
-        log.info("run %s is %s: nothing to submit", run_key, state)
-        return {"run_key": run_key, "skipped": state}
-    spec = RunSpec.from_dict(run_spec)
-    queue_name = settings.queue_for(experiment_queue)
     inline = settings.inline_queue
-    quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
+    chosen: dict[str, Any] = {}  # what `plan` decided, inside the ledger's transaction
+
+    def plan(run_spec: dict[str, Any], experiment_queue: str | None) -> AttemptPlan:
+        spec = RunSpec.from_dict(run_spec)
+        queue_name = settings.queue_for(experiment_queue)
+        quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
+        chosen.update(spec=spec, queue=queue_name)
+        return AttemptPlan(spec.executor, spec.allocated_gpus, quota)
+
     try:
-        att = ledger.begin_attempt(run_key, executor=spec.executor, gpus=spec.allocated_gpus, actor=settings.user,
-                                   worker=worker, quota=quota)
+        taken = ledger.begin_submission(run_key, actor=settings.user, worker=worker, plan=plan)
     except QuotaExceeded as exc:
         ledger.requeue(run_key, actor=settings.user, reason=f"deferred {settings.defer_seconds} s: {exc.message}")
-        RunQueue.from_url(settings.redis_url, queue_name).defer(run_key, settings.defer_seconds,
-                                                                generation=int(time.time() * 1000))
+        RunQueue.from_url(settings.redis_url, chosen["queue"]).defer(run_key, settings.defer_seconds,
+                                                                     generation=int(time.time() * 1000))
         return {"run_key": run_key, "deferred": exc.message}
     except LedgerError as exc:  # another worker holds it, or it moved meanwhile: not ours
         log.info("run %s not submitted: %s", run_key, exc.message)
         return {"run_key": run_key, "skipped": exc.message}
+    att = taken.attempt
+    if att is None:
+        log.info("run %s is %s: nothing to submit", run_key, taken.state)
+        return {"run_key": run_key, "skipped": taken.state}
+    spec: RunSpec = chosen["spec"]
     folder = attempt_folder(settings.jobs_dir, run_key, att.number)
     shown = progress.current()
     if shown is not None:
@@ -228,8 +235,9 @@ def _warm(ledger: Ledger) -> None:
         twin.create_experiment(name=key, version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
                                actor=key, runs=runs)
         for i, run in enumerate(runs):  # a debug job (submitted and ended in one transaction), then any other
-            twin.submission_view(run.run_key)
-            att = twin.begin_attempt(run.run_key, executor="debug", gpus=1, actor=key, worker=key)
+            att = twin.begin_submission(run.run_key, actor=key, worker=key,
+                                        plan=lambda _spec, _queue: AttemptPlan("debug", 1)).attempt
+            assert att is not None
             twin.attempt_state(run.run_key, att.number)
             if i == 1:
                 twin.mark_submitted(run.run_key, att.number, job_id="0", actor=key)

@@ -171,3 +171,56 @@ def test_settle_attempt_after_reconcile_settled_it_writes_nothing(ledger) -> Non
                               actor="w", job_id="debug-1")
     [a] = ledger.get_run(key).attempts
     assert (a.state, a.job_id) == ("lost", None) and len(ledger.events(run_key=key)) == before
+
+
+def test_begin_submission_reads_the_run_and_begins_its_attempt_in_one_transaction(ledger) -> None:  # type: ignore[no-untyped-def]
+    """The worker's first step: the run's spec and queue as the transaction locked them, the
+    attempt begun as `plan` says (quota included); a run that is not queued is left untouched."""
+    from ggpo_batch.ledger import QuotaExceeded
+    from ggpo_batch.ledger.attempts import AttemptPlan
+
+    _experiment(ledger, n=3)
+    seen = []
+
+    def plan(run_spec, queue):  # type: ignore[no-untyped-def]
+        seen.append((run_spec, queue))
+        return AttemptPlan("debug", 4, ("q", 4))
+
+    took = ledger.begin_submission("e-v1-0-clean", actor="w", worker="w1", plan=plan)
+    assert seen == [({"seed": 0}, "q")]
+    assert (took.state, took.run_spec, took.queue, took.attempt.number) == ("queued", {"seed": 0}, "q", 1)
+    [a] = ledger.get_run("e-v1-0-clean").attempts
+    assert (a.id, a.state, a.executor, a.gpus, a.worker) == (took.attempt.id, "submitting", "debug", 4, "w1")
+    assert ledger.get_run("e-v1-0-clean").worker == "w1"
+    assert [(e.entity, e.to_state, e.attempt_id) for e in ledger.events(run_key="e-v1-0-clean")][1:] == [
+        ("attempt", "submitting", a.id)]
+
+    with pytest.raises(QuotaExceeded, match="4 GPUs in flight"):  # the first attempt holds the quota's 4 GPUs
+        ledger.begin_submission("e-v1-1-clean", actor="w", worker="w1", plan=plan)
+    assert ledger.get_run("e-v1-1-clean").attempts == []
+
+    ledger.mark_cancelled("e-v1-2-clean", actor="alice", reason="not wanted")
+    events = len(ledger.events(run_key="e-v1-2-clean"))
+    took = ledger.begin_submission("e-v1-2-clean", actor="w", worker="w1", plan=plan)
+    assert (took.state, took.attempt) == ("cancelled", None) and len(seen) == 2  # plan not asked
+    assert ledger.get_run("e-v1-2-clean").attempts == [] and len(ledger.events(run_key="e-v1-2-clean")) == events
+    with pytest.raises(LedgerError, match="no run"):
+        ledger.begin_submission("nope", actor="w", worker="w1", plan=plan)
+
+
+def test_a_rehearsal_runs_the_workers_transitions_and_keeps_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
+    """A worker rehearses a job's transitions (ORM sessions and Core transactions alike) inside
+    one transaction that is rolled back: its statements are compiled, no row is kept."""
+    from ggpo_batch.ledger.attempts import AttemptPlan
+
+    ledger.retry_seconds = 0  # a transaction outside the rehearsal would wait on its lock: fail at once
+    with ledger.rehearsal() as twin:
+        runs = [NewRun(run_key="r-0", arm="a", seed=0, config_hash="-", run_spec={})]
+        twin.create_experiment(name="r", version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
+                               actor="r", runs=runs)
+        att = twin.begin_submission("r-0", actor="r", worker="r", plan=lambda _s, _q: AttemptPlan("debug", 1)).attempt
+        assert twin.attempt_state("r-0", att.number) == "submitting"
+        twin.settle_attempt("r-0", att.number, lambda _r, _a: {"attempt_state": "failed", "run_state": "failed"},
+                            actor="r", job_id="0")
+        assert twin.get_run("r-0").state == "failed"
+    assert ledger.experiments() == [] and ledger.runs() == [] and ledger.events() == []

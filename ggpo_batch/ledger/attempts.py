@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, func, insert, select, update
+from sqlalchemy import Connection, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -21,7 +21,7 @@ from .schema import (
     utcnow,
 )
 
-_RUN, _ATT = Run.__table__, Attempt.__table__
+_RUN, _ATT, _EXP = Run.__table__, Attempt.__table__, Experiment.__table__
 _RUN_READ = ("id", "experiment_id", "run_key", "arm", "seed", "state", "retries_allowed", "cause", "worker",
              "updated_at")
 _RUN_WRITE = ("state", "cause", "worker", "updated_at")  # what a transition changes on its run
@@ -30,6 +30,23 @@ _NEW_ATTEMPT = ("run_id", "number", "executor", "state", "gpus", "submitted_by",
 _ATT_WRITE = ("state", "reason", "job_id", "submitted_at", "started_at", "ended_at", "elapsed_seconds",
               "gpu_hours_job", "gpu_hours_scheduler", "scheduler_state", "exit_code")
 
+# The statements of a worker's job, built once: a forked job that built its own would pay for
+# every SQLAlchemy object it touches (copy-on-write page faults), about a third of its ledger time.
+# Values travel as parameters; an UPDATE's SET columns are the keys of its parameters.
+_RUN_ROW = (select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == bindparam("key"))
+            .with_for_update())
+_SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP.c.queue)
+                   .join_from(_RUN, _EXP, _EXP.c.id == _RUN.c.experiment_id)
+                   .where(_RUN.c.run_key == bindparam("key")).with_for_update(of=_RUN))
+_LAST_ATTEMPT = (select(_ATT.c.number, _ATT.c.state, _ATT.c.worker).where(_ATT.c.run_id == bindparam("run"))
+                 .order_by(_ATT.c.number.desc()).limit(1))
+_ATTEMPTS_OF = select(_ATT).where(_ATT.c.run_id == bindparam("run")).order_by(_ATT.c.number)
+_ATTEMPT_STATE = (select(_ATT.c.state).join_from(_ATT, _RUN, _RUN.c.id == _ATT.c.run_id)
+                  .where(_RUN.c.run_key == bindparam("key"), _ATT.c.number == bindparam("number")))
+_NEW_ATTEMPT_ROW = insert(_ATT)
+_UPDATE_ATTEMPT = update(_ATT).where(_ATT.c.id == bindparam("row_id"))
+_UPDATE_RUN = update(_RUN).where(_RUN.c.id == bindparam("row_id"))
+
 
 class QuotaExceeded(LedgerError):
     """Submitting would put a queue over its GPU quota; the run stays queued (deferred)."""
@@ -37,6 +54,25 @@ class QuotaExceeded(LedgerError):
     def __init__(self, queue: str, used: int, gpus: int, limit: int) -> None:
         super().__init__(f"queue {queue}: {used} GPUs in flight + {gpus} > quota {limit}")
         self.queue, self.used, self.gpus, self.limit = queue, used, gpus, limit
+
+
+class AttemptPlan(NamedTuple):
+    """How to begin an attempt: its executor, its GPUs, and the quota it must fit under
+    ((queue, max GPUs in flight), or None)."""
+
+    executor: str
+    gpus: int
+    quota: tuple[str, int] | None = None
+
+
+class Submission(NamedTuple):
+    """What `begin_submission` found and did: the run's state, spec and experiment queue as it
+    locked them, and the attempt it began (None when the run was not queued)."""
+
+    state: str
+    run_spec: dict[str, Any]
+    queue: str | None
+    attempt: Attempt | None
 
 
 class AttemptTransitions(LedgerCore):
@@ -51,36 +87,55 @@ class AttemptTransitions(LedgerCore):
         last attempt is still `submitting` belongs to whoever began it: only `resolve_submitting`
         (reconcile, after asking the scheduler) may settle it, so it is never submitted twice.
         """
-        with self.session() as s:
-            conn = s.connection()
+        with self.transaction() as conn:
             run = self._run_row(conn, run_key)
             if run.state != "queued":
                 raise LedgerError(f"run {run_key}: is {run.state}, only a queued run can be submitted")
-            last = conn.execute(select(_ATT.c.number, _ATT.c.state, _ATT.c.worker).where(_ATT.c.run_id == run.id)
-                                .order_by(_ATT.c.number.desc()).limit(1)).one_or_none()
-            if last is not None and last.state == "submitting":
-                raise LedgerError(f"run {run_key}: attempt {last.number} is being submitted by {last.worker}")
-            if quota is not None and quota[1] > 0:
-                queue, limit = quota
-                self._lock_queue(s, queue)
-                used = self._in_flight(s, queue)
-                if used + gpus > limit:
-                    raise QuotaExceeded(queue, used, gpus, limit)
-            att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=executor,
-                          state="submitting", gpus=gpus, submitted_by=actor, worker=worker, created_at=utcnow())
-            att.id = conn.execute(insert(_ATT).values({c: getattr(att, c) for c in _NEW_ATTEMPT})).inserted_primary_key[0]
-            events = RowEvents(actor)
-            events.add(entity="attempt", to_state="submitting", run=run, attempt_id=att.id)
-            events.write(conn)
-            conn.execute(update(_RUN).where(_RUN.c.id == run.id).values(worker=worker))
-            return att
+            return self._begin(conn, run, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker)
+
+    def begin_submission(self, run_key: str, *, actor: str, worker: str | None,
+                         plan: Callable[[dict[str, Any], str | None], AttemptPlan]) -> Submission:
+        """A worker's first step, in one transaction: read the run (locked) with its spec and its
+        experiment's queue, and if it is queued begin its next attempt as `plan(run_spec, queue)`
+        says (`begin_attempt`'s checks and quota). A run that is not queued comes back as it is,
+        with nothing written."""
+        with self.transaction() as conn:
+            row = conn.execute(_SUBMISSION_ROW, {"key": run_key}).one_or_none()
+            if row is None:
+                raise LedgerError(f"no run {run_key!r} in the ledger")
+            fields = row._asdict()
+            run_spec, queue = fields.pop("run_spec"), fields.pop("queue")
+            run = Run(**fields)
+            if run.state != "queued":
+                return Submission(run.state, run_spec, queue, None)
+            att = self._begin(conn, run, plan(run_spec, queue), actor=actor, worker=worker)
+            return Submission(run.state, run_spec, queue, att)
+
+    def _begin(self, conn: Connection, run: Run, plan: AttemptPlan, *, actor: str, worker: str | None) -> Attempt:
+        """Begin the next attempt of `run` (queued, locked by this transaction)."""
+        last = conn.execute(_LAST_ATTEMPT, {"run": run.id}).one_or_none()
+        if last is not None and last.state == "submitting":
+            raise LedgerError(f"run {run.run_key}: attempt {last.number} is being submitted by {last.worker}")
+        if plan.quota is not None and plan.quota[1] > 0:
+            queue, limit = plan.quota
+            self._lock_queue(conn, queue)
+            used = self._in_flight(conn, queue)
+            if used + plan.gpus > limit:
+                raise QuotaExceeded(queue, used, plan.gpus, limit)
+        att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=plan.executor,
+                      state="submitting", gpus=plan.gpus, submitted_by=actor, worker=worker, created_at=utcnow())
+        att.id = conn.execute(_NEW_ATTEMPT_ROW, {c: getattr(att, c) for c in _NEW_ATTEMPT}).inserted_primary_key[0]
+        events = RowEvents(actor)
+        events.add(entity="attempt", to_state="submitting", run=run, attempt_id=att.id)
+        events.write(conn)
+        conn.execute(_UPDATE_RUN, {"row_id": run.id, "worker": worker})
+        return att
 
     @staticmethod
     def _run_row(conn: Connection, run_key: str) -> Run:
         """The run, locked for this transaction, as a detached object read from one row (no
         experiment, no attempts): what the row-level transitions below check and change."""
-        row = conn.execute(select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == run_key)
-                           .with_for_update()).one_or_none()
+        row = conn.execute(_RUN_ROW, {"key": run_key}).one_or_none()
         if row is None:
             raise LedgerError(f"no run {run_key!r} in the ledger")
         return Run(**row._mapping)
@@ -88,8 +143,7 @@ class AttemptTransitions(LedgerCore):
     def _attempt_row(self, conn: Connection, run_key: str, number: int) -> tuple[Run, Attempt]:
         """The run (locked) with its attempts, and attempt `number`, as detached objects read from rows."""
         run = self._run_row(conn, run_key)
-        attempts = [Attempt(**r._mapping) for r in conn.execute(select(_ATT).where(_ATT.c.run_id == run.id)
-                                                                 .order_by(_ATT.c.number))]
+        attempts = [Attempt(**r._mapping) for r in conn.execute(_ATTEMPTS_OF, {"run": run.id})]
         set_committed_value(run, "attempts", attempts)
         att = next((a for a in attempts if a.number == number), None)
         if att is None:
@@ -101,19 +155,18 @@ class AttemptTransitions(LedgerCore):
                     run_values: Mapping[str, Any] | None = None) -> None:
         """Store what a row-level transition changed: the attempt's transition columns, the run's
         state columns (with `run_values`, e.g. its result), and the events."""
-        conn.execute(update(_ATT).where(_ATT.c.id == att.id).values({c: getattr(att, c) for c in _ATT_WRITE}))
-        conn.execute(update(_RUN).where(_RUN.c.id == run.id)
-                     .values({**{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})}))
+        conn.execute(_UPDATE_ATTEMPT, {"row_id": att.id, **{c: getattr(att, c) for c in _ATT_WRITE}})
+        conn.execute(_UPDATE_RUN, {"row_id": run.id, **{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})})
         events.write(conn)
 
     @staticmethod
-    def _lock_queue(s: Session, queue: str) -> None:
+    def _lock_queue(conn: Connection, queue: str) -> None:
         # SQLite already holds the write lock (BEGIN IMMEDIATE); PostgreSQL needs an explicit one.
-        if s.get_bind().dialect.name == "postgresql":
-            s.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"ggpo-quota:{queue}"))))
+        if conn.dialect.name == "postgresql":
+            conn.execute(select(func.pg_advisory_xact_lock(func.hashtext(f"ggpo-quota:{queue}"))))
 
     @staticmethod
-    def _in_flight(s: Session, queue: str | None) -> int:
+    def _in_flight(s: Connection | Session, queue: str | None) -> int:
         q = (select(func.coalesce(func.sum(Attempt.gpus), 0)).join(Run, Run.id == Attempt.run_id)
              .join(Experiment, Experiment.id == Run.experiment_id)
              .where(Attempt.state.in_(IN_FLIGHT_ATTEMPT_STATES)))
@@ -156,13 +209,11 @@ class AttemptTransitions(LedgerCore):
 
     def attempt_state(self, run_key: str, number: int) -> str | None:
         """The state of attempt `number` of a run (None if there is none): one column, no run loaded."""
-        with self.session() as s:
-            return s.scalar(select(Attempt.state).join(Run, Run.id == Attempt.run_id)
-                            .where(Run.run_key == run_key, Attempt.number == number))
+        with self.transaction() as conn:
+            return conn.scalar(_ATTEMPT_STATE, {"key": run_key, "number": number})
 
     def mark_submitted(self, run_key: str, number: int, *, job_id: str, actor: str) -> Attempt:
-        with self.session() as s:
-            conn = s.connection()
+        with self.transaction() as conn:
             run, att = self._attempt_row(conn, run_key, number)
             if att.state != "submitting" and att.job_id == job_id:
                 return att  # the same worker reporting twice: nothing new happened
@@ -220,8 +271,7 @@ class AttemptTransitions(LedgerCore):
         and with the same events as `mark_submitted`: an in-process executor's job has ended by the
         time its submit returns. Raises LedgerError, writing nothing, if the attempt is no longer
         `submitting` then (reconcile settled it meanwhile)."""
-        with self.session() as s:
-            conn = s.connection()
+        with self.transaction() as conn:
             run, att = self._attempt_row(conn, run_key, number)
             events = RowEvents(actor)
             if job_id is not None:

@@ -89,6 +89,7 @@ class LedgerCore:
         self.engine = engine
         self.retry_seconds = retry_seconds
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._rehearsing: Connection | None = None  # set on a rehearsal's twin: its outer connection
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -101,6 +102,17 @@ class LedgerCore:
             yield s
 
     @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One transaction on a Core connection, without an ORM session: the worker's hot path
+        (a forked job pays for every object it touches, in copy-on-write page faults)."""
+        if self._rehearsing is not None:
+            with self._rehearsing.begin_nested():
+                yield self._rehearsing
+            return
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
     def rehearsal(self) -> Iterator[Self]:
         """A copy of this ledger whose transactions run as savepoints inside one outer transaction
         that is rolled back at the end: nothing it does is kept, and the engine has compiled (and
@@ -111,6 +123,7 @@ class LedgerCore:
             twin = copy.copy(self)
             twin._sessions = sessionmaker(bind=conn, expire_on_commit=False,
                                           join_transaction_mode="create_savepoint")
+            twin._rehearsing = conn
             try:
                 yield twin
             finally:
@@ -187,6 +200,9 @@ class LedgerCore:
             raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
 
 
+_INSERT_EVENT = insert(Event.__table__)
+
+
 class RowEvents:
     """The events of a transition written as rows (Core) rather than ORM objects: the hot path of
     a worker's job (ledger/attempts.py), where ORM flushes cost a forked process most of its time."""
@@ -211,11 +227,11 @@ class RowEvents:
     def write(self, conn: Connection) -> None:
         if self.rows:
             at = utcnow()
-            conn.execute(insert(Event.__table__), [{"at": at, **row} for row in self.rows])
+            conn.execute(_INSERT_EVENT, [{"at": at, **row} for row in self.rows])
 
 
 def _wrap_public(cls: type) -> None:
     for name, value in list(vars(cls).items()):
-        if (callable(value) and not name.startswith("_") and name not in ("session", "exclusive")
+        if (callable(value) and not name.startswith("_") and name not in ("session", "transaction", "exclusive")
                 and not isinstance(value, staticmethod)):
             setattr(cls, name, _retrying(value))
