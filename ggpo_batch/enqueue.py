@@ -18,7 +18,7 @@ from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger, NewRun
 from .queue import PreparedJobs, RunQueue
-from .runspec import RunSpec
+from .runspec import RunSpec, config_hash
 from .spec import ExperimentSpec, spec_diff
 
 log = logging.getLogger(__name__)
@@ -42,8 +42,9 @@ class EnqueueResult:
 
 
 def new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
-    return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=r.config_hash,
-                  run_spec=r.to_dict(), retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
+    d = r.to_dict()
+    return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=config_hash(d), run_spec=d,
+                  retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
 
 
 def new_experiment(spec: ExperimentSpec, version: int, queue: str) -> dict[str, Any]:

@@ -41,6 +41,17 @@ class ArmSpec:
         return self.exposed_items * len(self.templates) if self.exposure != "none" else 0
 
 
+# What a run spec says about where and how often a run runs, not about its result.
+_NOT_CONFIG = frozenset({"executor", "profile", "retries", "run_key", "experiment_version"})
+
+
+def config_hash(run_spec: Mapping[str, Any]) -> str:
+    """`RunSpec.config_hash` of a run spec's dict (`RunSpec.to_dict`), for a caller that has it
+    already (enqueue stores the dict too: one `to_dict` per run, not two)."""
+    kept = {k: v for k, v in run_spec.items() if k not in _NOT_CONFIG}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """Everything one run needs, independent of where it runs."""
@@ -85,11 +96,7 @@ class RunSpec:
     @property
     def config_hash(self) -> str:
         """sha256 of what determines the run's result (not where or how often it runs)."""
-        d = self.to_dict()
-        for k in ("executor", "profile", "retries", "run_key", "experiment_version"):
-            d.pop(k)
-        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
-        return hashlib.sha256(blob).hexdigest()
+        return config_hash(self.to_dict())
 
     @classmethod
     def from_json(cls, text: str | bytes) -> RunSpec:

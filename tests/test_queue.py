@@ -48,6 +48,8 @@ def test_enqueue_is_idempotent_and_refuses_a_changed_spec(ledger, settings, tmp_
     spec = _spec(tmp_path)
     res = enqueue_spec(ledger, settings, spec, actor="tester")
     assert res.enqueued == 4 and res.version == 1
+    expected = {r.run_key: (r.config_hash, r.to_dict()) for r in spec.expand(1)}  # one to_dict per run serves both
+    assert {r.run_key: (r.config_hash, r.run_spec) for r in ledger.runs()} == expected
     q = RunQueue.from_url(settings.redis_url, "testq")
     assert sorted(q.waiting()) == sorted(r.run_key for r in spec.expand(1))
     again = enqueue_spec(ledger, settings, spec, actor="tester")
