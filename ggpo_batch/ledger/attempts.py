@@ -13,7 +13,8 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from ..errors import LedgerError
 from ..states import ATTEMPT_FINAL, IN_FLIGHT_ATTEMPT_STATES, UNSUBMITTED_ATTEMPT_END
-from .core import LedgerCore, RowEvents
+from .core import LedgerCore
+from .events import RowEvents
 from .schema import (
     Attempt,
     Experiment,

@@ -15,12 +15,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Self, TypeVar
 
-from sqlalchemy import Connection, Engine, func, insert, select
+from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import LedgerError, Unavailable
-from ..states import REASON_TO_LEAVE, can_move
+from .events import check_move, event_row
 from .schema import (
     Attempt,
     Event,
@@ -171,11 +171,8 @@ class LedgerCore:
     def _event(s: Session, *, entity: str, to_state: str, actor: str, from_state: str | None = None,
                reason: str | None = None, experiment_id: int | None = None, run: Run | None = None,
                attempt: Attempt | None = None) -> None:
-        s.add(Event(
-            entity=entity, from_state=from_state, to_state=to_state, actor=actor, reason=reason,
-            experiment_id=experiment_id if experiment_id is not None else (run.experiment_id if run else None),
-            run_id=run.id if run else None, attempt_id=attempt.id if attempt else None,
-        ))
+        s.add(Event(**event_row(entity=entity, to_state=to_state, actor=actor, from_state=from_state, reason=reason,
+                                experiment_id=experiment_id, run=run, attempt_id=attempt.id if attempt else None)))
 
     @staticmethod
     def _locked_run(s: Session, run_key: str) -> Run:
@@ -192,42 +189,7 @@ class LedgerCore:
         run.state = to
         run.updated_at = utcnow()
 
-    @staticmethod
-    def _check_move(run: Run, to: str, reason: str | None) -> None:
-        if not can_move(run.state, to):
-            raise LedgerError(f"run {run.run_key}: cannot go from {run.state} to {to}")
-        if run.state in REASON_TO_LEAVE and not reason:
-            raise LedgerError(f"run {run.run_key}: leaving {run.state} needs a reason")
-
-
-_INSERT_EVENT = insert(Event.__table__)
-
-
-class RowEvents:
-    """The events of a transition written as rows (Core) rather than ORM objects: the hot path of
-    a worker's job (ledger/attempts.py), where ORM flushes cost a forked process most of its time."""
-
-    def __init__(self, actor: str) -> None:
-        self.actor = actor
-        self.rows: list[dict[str, Any]] = []
-
-    def add(self, *, entity: str, to_state: str, run: Run, attempt_id: int | None, from_state: str | None = None,
-            reason: str | None = None) -> None:
-        self.rows.append({"entity": entity, "from_state": from_state, "to_state": to_state, "actor": self.actor,
-                          "reason": reason, "experiment_id": run.experiment_id, "run_id": run.id,
-                          "attempt_id": attempt_id})
-
-    def move(self, run: Run, to: str, reason: str | None, attempt_id: int | None) -> None:
-        """`LedgerCore._move` on a run read as a row: checked, recorded, applied to `run`."""
-        LedgerCore._check_move(run, to, reason)
-        self.add(entity="run", from_state=run.state, to_state=to, reason=reason, run=run, attempt_id=attempt_id)
-        run.state = to
-        run.updated_at = utcnow()
-
-    def write(self, conn: Connection) -> None:
-        if self.rows:
-            at = utcnow()
-            conn.execute(_INSERT_EVENT, [{"at": at, **row} for row in self.rows])
+    _check_move = staticmethod(check_move)
 
 
 def _wrap_public(cls: type) -> None:

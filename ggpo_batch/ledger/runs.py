@@ -21,7 +21,6 @@ from .schema import (
     utcnow,
 )
 
-
 _RUN_COLUMNS = ("experiment_id", "run_key", "arm", "seed", "state", "config_hash", "run_spec", "retries_allowed",
                 "estimated_gpu_hours")
 
