@@ -11,6 +11,8 @@ Slurm take turns on it (`slurm_turn`).
 from __future__ import annotations
 
 import contextlib
+import functools
+import itertools
 import fcntl
 import os
 import shutil
@@ -41,7 +43,19 @@ from tests.support.services import (
 # each; a test marked `slurm_exclusive` (one that restarts the controller, takes a node down, or
 # needs both nodes) takes every turn, so it has the cluster alone.
 UNGROUPED = pytest.StashKey[str]()
-SLURM_TURNS = 2  # the dev cluster's nodes
+MAX_SLURM_TURNS = 8  # an exclusive test takes this many turns: at least the dev cluster's nodes
+
+
+@functools.cache
+def _slurm_turns() -> int:
+    """One turn per node of the dev cluster (slurm/dev-cluster/common.sh sets how many); one turn if
+    sinfo does not answer yet (the first test starts the cluster), which only serialises."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True, timeout=30,
+                             check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return 1
+    return min(MAX_SLURM_TURNS, max(1, len(set(out.split()))))
 
 
 def _uses_dev_slurm(item: pytest.Item) -> bool:
@@ -60,7 +74,8 @@ def slurm_turn(exclusive: bool) -> Iterator[None]:
     """A turn on the dev Slurm, across xdist workers and pytest sessions: one free turn (lock file),
     or all of them, taken in order. flock: the kernel releases a dead process's turns."""
     DEV_CLUSTER_STATE.mkdir(parents=True, exist_ok=True)
-    files = [open(DEV_CLUSTER_STATE / f"test-turn-{i}.lock", "a") for i in range(SLURM_TURNS)]
+    files = [open(DEV_CLUSTER_STATE / f"test-turn-{i}.lock", "a")
+             for i in range(MAX_SLURM_TURNS if exclusive else _slurm_turns())]
     held = []
     try:
         if exclusive:
@@ -99,6 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if group := _xdist_group(item):
             item.add_marker(pytest.mark.xdist_group(group))
             groups[item.nodeid] = group
+    items[:] = _heavy_first(items, groups)
     result = yield
     # xdist groups by a suffix it puts on the node id; where that does not take (pytest-xdist#1386,
     # pytest 9.2) the grouped tests would run on several workers at once: fail them before they start
@@ -109,6 +125,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                                          f"(pytest {pytest.__version__}): install the dev extra's pytest "
                                          "(setup.cfg) or run with -n 0")
     return result
+
+
+def _heavy_first(items: list[pytest.Item], groups: dict[str, str]) -> list[pytest.Item]:
+    """The order xdist hands out work in (it takes groups first, largest first, then single tests
+    in this order): slow tests before fast ones, so the long ones do not start last and set the
+    suite's end; among the slow, a dev-Slurm test (mostly waiting on Slurm, one node's turn) after
+    each other one (mostly CPU), so the workers neither all wait for turns nor all compete for the
+    cores. Grouped tests keep their order (their module fixtures are built once)."""
+    singles = [i for i in items if i.nodeid not in groups]
+    slow = [i for i in singles if i.get_closest_marker("slow") is not None]
+    on_slurm = [i for i in slow if _uses_dev_slurm(i)]
+    cpu = sorted((i for i in slow if not _uses_dev_slurm(i)),
+                 key=lambda i: (i.get_closest_marker("vllm") is None, i.get_closest_marker("train") is None))
+    woven = [i for pair in itertools.zip_longest(cpu, on_slurm) for i in pair if i is not None]
+    chosen = {id(i) for i in woven}
+    return [i for i in items if i.nodeid in groups] + woven + [i for i in singles if id(i) not in chosen]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

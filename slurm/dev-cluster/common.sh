@@ -7,8 +7,9 @@ CLUSTER="${GGPO_SLURM_CLUSTER:-ggpo-dev}"
 PARTITION="${GGPO_SLURM_PARTITION:-dev}"
 # NODES slurmd daemons on this one host (Slurm's multiple-slurmd mode: Debian builds slurmd with it),
 # named NODE_PREFIX1..NODE_PREFIXn, each on its own port from SLURMD_PORT0; every node declares
-# NODE_CPUS CPUs and NODE_GPUS GPUs.
-NODES="${GGPO_SLURM_NODES:-2}"
+# NODE_CPUS CPUs and NODE_GPUS GPUs. Four: multi-node runs take two, and the test suite runs one
+# single-node Slurm test per node at a time (tests/conftest.py), most of them waiting on Slurm.
+NODES="${GGPO_SLURM_NODES:-4}"
 NODE_PREFIX="${GGPO_SLURM_NODE_PREFIX:-ggpo-dev-n}"
 SLURMD_PORT0="${GGPO_SLURM_SLURMD_PORT:-17001}"  # 6817-6819 are slurmctld, slurmd, slurmdbd defaults
 NODE_CPUS="${GGPO_SLURM_CPUS:-16}"
@@ -34,7 +35,12 @@ pid_alive() {  # pid_alive FILE: the process named in FILE is running
 }
 
 node_names() { local i; for ((i = 1; i <= NODES; i++)); do echo "$NODE_PREFIX$i"; done; }
-slurmd_daemons() { local n; for n in $(node_names); do echo "slurmd.$n"; done; }
+# this layout's slurmd daemons, and any other node's still running (from a larger layout before)
+slurmd_daemons() {
+    local n f
+    { for n in $(node_names); do echo "slurmd.$n"; done
+      for f in "$STATE"/run/slurmd.*.pid; do [[ -e "$f" ]] && basename "$f" .pid; done; } | sort -u
+}
 
 daemon_pidfile() {  # munged | slurmdbd | slurmctld | slurmd.<node> (one slurmd per node) | slurmd (before 2 nodes)
     case "$1" in
