@@ -17,7 +17,7 @@ from . import costguard, preflight
 from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger, NewRun
-from .queue import PreparedJobs, RunQueue
+from .queue import RunQueue
 from .runspec import RunSpec, config_hash
 from .spec import ExperimentSpec, spec_diff
 
@@ -99,23 +99,17 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
                                   f"`enqueue --accept-cost --reason TEXT` overrides")
         keys = [r.run_key for r in todo + decided]
         queue = RunQueue.from_url(settings.redis_url, queue_name)
-        # The RQ jobs are built while the ledger writes, and sent once it has committed.
-        jobs = PreparedJobs(queue, keys) if not queue.inline else None
-        try:
-            if todo:
-                if same and latest is not None:
-                    ledger.add_runs(latest.id, [new_run(r, per_run) for r in todo], actor=actor)
-                else:
-                    ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor,
-                                             runs=[new_run(r, per_run) for r in todo])
-            if not cap.ok:
-                # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
-                costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
-        except BaseException:
-            if jobs is not None:
-                jobs.discard()
-            raise
-    res.enqueued = jobs.send() if jobs is not None else queue.enqueue(keys)
+        if todo:
+            if same and latest is not None:
+                ledger.add_runs(latest.id, [new_run(r, per_run) for r in todo], actor=actor)
+            else:
+                ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor,
+                                         runs=[new_run(r, per_run) for r in todo])
+        if not cap.ok:
+            # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
+            costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
+    # Redis only now, after the ledger has committed: a failed ledger write sends nothing.
+    res.enqueued = queue.enqueue(keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)
     if same and latest is not None:
         just = set(keys)

@@ -162,19 +162,23 @@ def test_status_shows_queue_position_and_the_worker_holding_a_run(ledger, settin
     assert "queue #1" in table and "worker host.1234" in table
 
 
-def test_prepared_jobs_are_written_only_when_sent(settings, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """Enqueue builds the RQ jobs while the ledger writes: nothing may reach Redis before `send`,
-    and nothing at all once discarded (the ledger write failed), even with the builder waiting."""
-    from ggpo_batch.queue import PreparedJobs
+def test_runs_reach_redis_only_after_the_ledger_committed_them(ledger, settings, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed ledger write sends nothing to Redis; a good one sends every run, a chunk
+    (one pipeline) at a time, in the spec's order."""
+    import ggpo_batch.queue as queue_module
 
+    spec = _spec(tmp_path)
     q = RunQueue.from_url(settings.redis_url, "testq")
-    keys = [f"s-v1-{i}-clean" for i in range(1203)]  # three chunks
-    monkeypatch.setattr(PreparedJobs, "AHEAD", 1)  # the builder waits for room after one chunk
-    PreparedJobs(q, keys).discard()
+
+    def refuse(*_args, **_kwargs):  # type: ignore[no-untyped-def]
+        raise LedgerError("the ledger is down")
+
+    monkeypatch.setattr(type(ledger), "create_experiment", refuse)
+    with pytest.raises(LedgerError, match="down"):
+        enqueue_spec(ledger, settings, spec, actor="tester")
     assert q.connection.dbsize() == 0
-    monkeypatch.setattr(PreparedJobs, "AHEAD", 4)  # room for the three chunks and the end mark
-    jobs = PreparedJobs(q, keys)
-    jobs._thread.join()  # every chunk built, none sent
-    assert q.waiting() == {} and q.connection.dbsize() == 0
-    assert jobs.send() == len(keys)
-    assert list(q.waiting()) == keys
+    monkeypatch.undo()
+    monkeypatch.setattr(queue_module, "CHUNK", 3)  # 4 runs: two chunks
+    assert enqueue_spec(ledger, settings, spec, actor="tester").enqueued == 4
+    assert list(q.waiting()) == [r.run_key for r in spec.expand(1)]
