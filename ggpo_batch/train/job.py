@@ -34,6 +34,7 @@ from ..netutil import free_port
 from ..run_record import entry_key, require_valid
 from ..runspec import RunSpec
 from .config import TrainConfig
+from .deepspeed_import import import_deepspeed
 
 log = logging.getLogger(__name__)
 # Seconds between two heartbeats (and MLflow writes) at most; every step in between is still logged.
@@ -78,38 +79,15 @@ def preload() -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    _import_deepspeed()
+    import_deepspeed()
 
     from . import trainer  # noqa: F401
 
 
-def _import_deepspeed() -> None:
-    """Import DeepSpeed without its autotuner's optional `import mlflow` (1.5 s in every rank where
-    the mlflow extra is installed; nothing here autotunes). mlflow itself stays importable."""
-    if "deepspeed" in sys.modules or "mlflow" in sys.modules:
-        import deepspeed  # noqa: F401
-
-        return
-    sys.modules["mlflow"] = None  # type: ignore[assignment]  # an import of it fails at once
-    try:
-        import deepspeed  # noqa: F401
-    finally:
-        del sys.modules["mlflow"]
-
-
 def init_process_group(cuda: bool) -> None:
-    """This rank's process group through DeepSpeed: NCCL on GPUs, gloo on CPU.
-
-    On CPU, DeepSpeed would JIT-build (or re-link) its shared-memory all-reduce op under a lock file
-    in ~/.cache/torch_extensions; a rank killed while it holds that lock leaves every later CPU job
-    waiting on it for ever. The op serves only DeepSpeed's inference all-reduce, and only when
-    LOCAL_SIZE is set, which nothing here sets: it is switched off instead."""
-    _import_deepspeed()
-    import deepspeed
-
-    if not cuda:
-        deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
+    """This rank's process group through DeepSpeed: NCCL on GPUs, gloo on CPU (DeepSpeed imported
+    by deepspeed_import, which switches off its shared-memory op on CPU)."""
+    import_deepspeed(cuda).init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
 
 
 class Progress:

@@ -26,6 +26,7 @@ from .batch import LoopState, collate, loss_batch, micro_batches
 from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
+from .deepspeed_import import import_deepspeed
 from .environment import GENERATED, Trajectory, run_episodes, start
 from .ggpo import ggpo_loss, group_advantages
 from .logprobs import Chunks, masked_logprobs
@@ -47,7 +48,7 @@ AUX = AUX_SOURCE_KEYS
 class Trainer:
     def __init__(self, spec: RunSpec, cfg: TrainConfig, *, rank: int, world: int, device: torch.device,
                  budget_seconds: float) -> None:
-        import deepspeed
+        deepspeed = import_deepspeed(device.type == "cuda")
 
         self.spec, self.cfg, self.rank, self.world, self.device = spec, cfg, rank, world, device
         self.budget_seconds = budget_seconds
