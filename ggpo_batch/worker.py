@@ -7,9 +7,11 @@ returns; ending attempts is reconcile's work, which every worker runs as an RQ m
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import logging
 import os
+import signal
 import socket
 import time
 from collections.abc import Sequence
@@ -187,6 +189,8 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     from .queue import connect as redis_connect
 
     global _process
+    # `kill -QUIT` prints where the worker and its job (which inherits this) are, every thread.
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
     ledger = connect(settings.db_url)  # one engine for the worker and the jobs it forks; schema checked once
     if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:
         preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every forked job

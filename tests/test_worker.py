@@ -17,6 +17,7 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.run_record import check_run_record
 from ggpo_batch.spec import load_spec
+from tests.support.workers import run_burst_worker
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]  # real worker processes, 5-20 s each
 
@@ -49,9 +50,7 @@ def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, 
     enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1), actor="tester")
     # A real `ggpo-batch worker --burst` process: RQ's forking worker installs signal handlers and
     # kills process groups, which must never run inside the test process itself.
-    done = subprocess.run([sys.executable, "-m", "ggpo_batch.cli", "worker", "--queue", "testq", "--burst",
-                           "--reconcile-interval", "5"], env=dict(os.environ), capture_output=True, timeout=240,
-                          start_new_session=True)
+    done = run_burst_worker(["--queue", "testq", "--reconcile-interval", "5"], dict(os.environ), timeout=240)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     run = ledger.get_run("wk-v1-1-clean")
     assert run.state == "succeeded", run.cause

@@ -102,3 +102,30 @@ def _group_alive(pgid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess[bytes]:
+    """`ggpo-batch worker --burst ARGS` to its end. Past `timeout`, the worker and its work horse are
+    asked where they are (SIGQUIT: the worker's faulthandler prints every thread's stack, and the
+    horse inherits it), then killed, and the test fails with that output instead of a bare timeout."""
+    proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "worker", "--burst", *args], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        groups = {proc.pid} | {g for p in descendants(proc.pid) if (g := _pgid_or_none(p)) is not None}
+        for sig in (signal.SIGQUIT, signal.SIGKILL):
+            for pgid in groups:
+                try:
+                    os.killpg(pgid, sig)
+                except ProcessLookupError:
+                    pass
+            if sig == signal.SIGQUIT:
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+        out, err = proc.communicate()
+        raise AssertionError(f"the worker did not end in {timeout:.0f} s; its stacks and last output:\n"
+                             f"{err.decode(errors='replace')[-8000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
