@@ -9,7 +9,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 EXTRAS_TEST ?= train,dev,cpu-rollout
-PYTEST_WORKERS ?= 4
+PYTEST_WORKERS ?= 6
 
 .PHONY: test test-fast demo setup services
 test: setup services
