@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rq import Queue, Worker, get_current_job
+from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
 from . import progress
@@ -154,12 +155,55 @@ def _still_ours(ledger: Ledger, run_key: str, number: int) -> bool:
     return ledger.attempt_state(run_key, number) == "submitting"
 
 
+class SchedulerDyingWithWorker(RQScheduler):
+    """RQ's scheduler, whose process ends when its worker's does.
+
+    RQ forks the scheduler from the worker (a `worker --burst` too, at its first maintenance
+    cycle). A worker killed with SIGKILL (the OOM killer, a node's cleanup) left it running for
+    ever, holding its queues' scheduler lock. This one asks the kernel for SIGTERM, its own graceful
+    stop (locks released), when the worker dies (Linux's PR_SET_PDEATHSIG)."""
+
+    def start(self) -> Any:
+        self._worker_pid = os.getpid()
+        return super().start()
+
+    def work(self) -> None:
+        if not _signal_at_parent_death(signal.SIGTERM) or os.getppid() != self._worker_pid:
+            self.log.warning("scheduler: the worker is gone (or its death cannot be watched); not starting")
+            return
+        super().work()
+
+
+def _signal_at_parent_death(signum: int) -> bool:
+    """Have the kernel send `signum` to this process when its parent dies; False where it cannot."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(1, int(signum), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return False
+
+
 class GgpoWorker(Worker):
-    """An RQ worker whose maintenance also reconciles the ledger with the executors."""
+    """An RQ worker whose maintenance also reconciles the ledger with the executors, and whose
+    scheduler process ends with it."""
 
     def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
+
+    def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
+        # RQ (2.x) builds its scheduler here by the module-level name and, outside burst mode,
+        # starts its process at once: this worker's is the one that dies with it. The test of it
+        # fails if RQ stops calling this method.
+        import rq.worker.base as rq_worker
+
+        rq_worker.RQScheduler = SchedulerDyingWithWorker  # type: ignore[misc]
+        try:
+            super()._start_scheduler(*args, **kwargs)
+        finally:
+            rq_worker.RQScheduler = RQScheduler  # type: ignore[misc]
 
     def execute_job(self, job: Any, queue: Queue) -> Any:
         shown = progress.current()

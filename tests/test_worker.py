@@ -17,7 +17,8 @@ from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.run_record import check_run_record
 from ggpo_batch.spec import load_spec
-from tests.support.workers import run_burst_worker
+from tests.support.waiting import wait_until
+from tests.support.workers import WorkerProcess, descendants, run_burst_worker, worker_environment
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]  # real worker processes, 5-20 s each
 
@@ -93,3 +94,34 @@ def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(
     again = reconcile(ledger, settings, [q], actor="test", stale_after=timedelta(0))
     assert again.requeued == 0 and again.resolved_submitting == 0
     assert "wk-v1-1-clean" not in q.waiting() and len(ledger.get_run("wk-v1-1-clean").attempts) == 1
+
+
+def test_the_scheduler_process_ends_with_a_worker_killed_by_sigkill(settings, worker_env, tmp_path: Path,  # type: ignore[no-untyped-def]
+                                                                      db_url: str) -> None:
+    """RQ forks the scheduler from the worker; a worker SIGKILLed (the OOM killer) used to leave it
+    running for ever, holding the queue's scheduler lock. Only the worker itself is killed here."""
+    import redis
+
+    if not db_url.startswith("sqlite"):
+        pytest.skip("the scheduler does not touch the ledger")
+    env = worker_environment(settings)
+    worker = WorkerProcess(env, tmp_path / "worker.log", name="sched-owner")
+    lock = "rq:scheduler-lock:testq"
+    conn = redis.Redis.from_url(settings.redis_url)
+    try:
+        wait_until(lambda: conn.exists(lock) and descendants(worker.proc.pid), 60, "the worker's scheduler")
+        [scheduler] = descendants(worker.proc.pid)
+        os.kill(worker.proc.pid, signal.SIGKILL)
+        worker.proc.wait(timeout=30)
+        wait_until(lambda: not Path(f"/proc/{scheduler}").exists() or _zombie(scheduler), 30,
+                   "the scheduler ended with its worker")
+        assert not conn.exists(lock)  # its graceful stop released the lock
+    finally:
+        worker.kill()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z"
+    except OSError:
+        return True
