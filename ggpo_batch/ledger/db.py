@@ -8,6 +8,8 @@ read-then-write transaction under plain BEGIN loses updates between two writer p
 from __future__ import annotations
 
 import logging
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -84,27 +86,45 @@ def refuse_truncated_sqlite(path: Path) -> None:
     that reads the first pages only (a dry run, an empty status) would go on with a ledger that
     has lost rows. With no write-ahead log beside it, a healthy file is never shorter than the
     page count in its header; while a log exists, the header may lag it, so nothing is checked.
+    A shortfall seen while another process's last connection checkpoints and removes its log
+    (header written, file not yet extended) is gone a moment later: it is looked at twice.
     """
     import sqlite3
 
+    for look in range(2):
+        short = _shortfall(path)
+        if short is None:
+            return
+        if look == 0:
+            time.sleep(0.05)
+    size, pages, page_size = short
+    raise sqlite3.DatabaseError(f"database disk image is malformed: {path} is {size} bytes, its header "
+                                f"says {pages} pages of {page_size} bytes (the file was truncated)")
+
+
+def _shortfall(path: Path) -> tuple[int, int, int] | None:
+    """(file size, header's page count, page size) when the file is shorter than its header says
+    and no write-ahead log is pending; None otherwise (or when that cannot be told)."""
+    wal = Path(f"{path}-wal")
     try:
+        if wal.exists() and wal.stat().st_size > 0:
+            return None
         with path.open("rb") as f:
             header = f.read(100)
-            size = path.stat().st_size
-        wal = Path(f"{path}-wal")
+            size = os.fstat(f.fileno()).st_size
         if wal.exists() and wal.stat().st_size > 0:
-            return
+            return None
     except OSError:
-        return  # absent or unreadable: SQLite's own open gives the error
+        return None  # absent or unreadable: SQLite's own open gives the error
     if len(header) < 100 or not header.startswith(b"SQLite format 3\x00"):
-        return  # empty (a new ledger) or not SQLite at all: SQLite's own error says which
+        return None  # empty (a new ledger) or not SQLite at all: SQLite's own error says which
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
     change_counter, valid_for = header[24:28], header[92:96]
     if change_counter == valid_for and pages and size < pages * page_size:
-        raise sqlite3.DatabaseError(f"database disk image is malformed: {path} is {size} bytes, its header "
-                                    f"says {pages} pages of {page_size} bytes (the file was truncated)")
+        return size, pages, page_size
+    return None
 
 
 PG_CONNECT_ARGS = {"connect_timeout": 10, "keepalives": 1, "keepalives_idle": 30, "keepalives_interval": 10,
