@@ -11,9 +11,9 @@ Slurm take turns on it (`slurm_turn`).
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import itertools
-import fcntl
 import os
 import shutil
 import subprocess
@@ -38,10 +38,10 @@ from tests.support.services import (
 # The tests of one module that share a module-scoped fixture (zero2_runs: five 2-rank DeepSpeed runs)
 # are a group, so the fixture is built once, not once on each worker.
 #
-# The dev Slurm (2 nodes of 4 GPUs) is shared by the workers through turns (`slurm_turn` below): one
+# The dev Slurm (4 nodes of 4 GPUs by default) is shared by the workers through turns (`slurm_turn` below): one
 # turn per node, so tests that use it run side by side on their own jobs, at most one node's worth
 # each; a test marked `slurm_exclusive` (one that restarts the controller, takes a node down, or
-# needs both nodes) takes every turn, so it has the cluster alone.
+# spans two nodes) takes every turn, so it has the cluster alone.
 UNGROUPED = pytest.StashKey[str]()
 MAX_SLURM_TURNS = 8  # an exclusive test takes this many turns: at least the dev cluster's nodes
 

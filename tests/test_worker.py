@@ -18,7 +18,12 @@ from ggpo_batch.reconcile import reconcile
 from ggpo_batch.run_record import check_run_record
 from ggpo_batch.spec import load_spec
 from tests.support.waiting import wait_until
-from tests.support.workers import WorkerProcess, descendants, run_burst_worker, worker_environment
+from tests.support.workers import (
+    WorkerProcess,
+    descendants,
+    run_burst_worker,
+    worker_environment,
+)
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]  # real worker processes, 5-20 s each
 

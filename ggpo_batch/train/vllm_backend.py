@@ -80,7 +80,9 @@ def _job_unique_cpu_shm() -> None:
     fail the same way. The name gets the job's rendezvous port (MASTER_PORT, bound by its rank 0:
     no live job shares it), a segment of this rank's name left by a dead job is removed before the
     rank makes its own, and `close` removes it."""
-    from vllm.distributed.device_communicators.cpu_communicator import _CPUSHMDistributed
+    from vllm.distributed.device_communicators.cpu_communicator import (
+        _CPUSHMDistributed,
+    )
 
     original = _CPUSHMDistributed.make_group_name
     if getattr(original, "job_unique", False):
