@@ -168,9 +168,12 @@ class SchedulerDyingWithWorker(RQScheduler):
         return super().start()
 
     def work(self) -> None:
-        if not _signal_at_parent_death(signal.SIGTERM) or os.getppid() != self._worker_pid:
-            self.log.warning("scheduler: the worker is gone (or its death cannot be watched); not starting")
+        watched = _signal_at_parent_death(signal.SIGTERM)
+        if os.getppid() != self._worker_pid:  # the worker died before the request took effect
+            self.log.warning("scheduler: its worker is gone; not starting")
             return
+        if not watched:  # not Linux: RQ's own behaviour
+            self.log.warning("scheduler: this system cannot end it with its worker")
         super().work()
 
 
