@@ -21,7 +21,7 @@ from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from tests.support import slurm_jobs as jobs
 from tests.support.paths import DEV_CLUSTER_STATE, PROFILES
-from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, squeue_state
+from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, squeue_state, wait_ranks_ready
 from tests.support.specs import write_spec
 from tests.support.waiting import reconcile_until_ended, wait_until
 
@@ -122,6 +122,9 @@ def test_preempted_without_retries_fails_the_run_with_no_new_attempt(ledger, set
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=0)
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
+    # the task's handler in place: under a full suite its Python was still starting 3 s after
+    # RUNNING, and the SIGTERM killed it (FAILED, exit 15) instead of preempting it
+    wait_ranks_ready(tmp_path / "job", job_id, 1)
     time.sleep(3)  # hold the allocation long enough to cost something
     _preempt(job_id)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
@@ -243,6 +246,7 @@ def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, 
     job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job",
                      requeues=ledger.get_run(key).retries_allowed)
     wait_until(log.exists, 30, "the first run started")
+    wait_ranks_ready(tmp_path / "job", job_id, 1)  # a signal before a rank's handler would kill it
     time.sleep(3)  # hold the allocation long enough to cost something
     do_fault(job_id)
     wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
