@@ -21,7 +21,13 @@ from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
 from tests.support import slurm_jobs as jobs
 from tests.support.paths import DEV_CLUSTER_STATE, PROFILES
-from tests.support.slurm import cancel_tagged, sacct_gpu_hours, slurm_jobs, squeue_state, wait_ranks_ready
+from tests.support.slurm import (
+    cancel_tagged,
+    sacct_gpu_hours,
+    slurm_jobs,
+    squeue_state,
+    wait_ranks_ready,
+)
 from tests.support.specs import write_spec
 from tests.support.waiting import reconcile_until_ended, wait_until
 
