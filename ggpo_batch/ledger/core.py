@@ -183,13 +183,12 @@ class LedgerCore:
 
     def _move(self, s: Session, run: Run, to: str, actor: str, reason: str | None,
               attempt: Attempt | None = None) -> None:
-        self._check_move(run, to, reason)
+        check_move(run, to, reason)
         self._event(s, entity="run", from_state=run.state, to_state=to, actor=actor, reason=reason, run=run,
                     attempt=attempt)
         run.state = to
         run.updated_at = utcnow()
 
-    _check_move = staticmethod(check_move)
 
 
 def _wrap_public(cls: type) -> None:

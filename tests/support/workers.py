@@ -46,14 +46,8 @@ class WorkerProcess:
     def kill(self, *, horse_too: bool = True) -> None:
         """SIGKILL the worker's group and (unless `horse_too` is False) the work horse's: RQ's horse
         calls setpgrp(), so it has a process group of its own. Reap the worker, so it cannot look alive."""
-        groups = {self.proc.pid}
-        if horse_too:
-            groups |= {g for p in descendants(self.proc.pid) if (g := _pgid_or_none(p)) is not None}
-        for pgid in groups:
-            try:
-                os.killpg(pgid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        groups = {self.proc.pid} | (_groups_below(self.proc.pid) if horse_too else set())
+        _signal_groups(groups, signal.SIGKILL)
         self.proc.wait(timeout=30)
         for pgid in groups:
             wait_until(lambda g=pgid: not _group_alive(g), 30, f"process group {pgid} gone")
@@ -96,6 +90,19 @@ def _pgid_or_none(pid: int) -> int | None:
         return None
 
 
+def _groups_below(pid: int) -> set[int]:
+    """The process groups of `pid`'s live descendants (RQ's work horse makes its own)."""
+    return {g for p in descendants(pid) if (g := _pgid_or_none(p)) is not None}
+
+
+def _signal_groups(groups: set[int], signum: int) -> None:
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signum)
+        except ProcessLookupError:
+            pass
+
+
 def _group_alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -113,18 +120,13 @@ def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float) ->
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        groups = {proc.pid} | {g for p in descendants(proc.pid) if (g := _pgid_or_none(p)) is not None}
-        for sig in (signal.SIGQUIT, signal.SIGKILL):
-            for pgid in groups:
-                try:
-                    os.killpg(pgid, sig)
-                except ProcessLookupError:
-                    pass
-            if sig == signal.SIGQUIT:
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    pass
+        groups = {proc.pid} | _groups_below(proc.pid)
+        _signal_groups(groups, signal.SIGQUIT)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        _signal_groups(groups, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"the worker did not end in {timeout:.0f} s; its stacks and last output:\n"
                              f"{err.decode(errors='replace')[-8000:]}") from None
