@@ -12,6 +12,7 @@ import logging
 import os
 import re
 import socket
+import zlib
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -120,9 +121,27 @@ class RunQueue:
         return n
 
     def _chunk(self, run_keys: Sequence[str]) -> Pipeline:
-        """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet."""
+        """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet.
+
+        RQ creates and writes the chunk's first job itself. Every other job is that job's hash
+        with its own id, data and description (the chunk's jobs share its timestamps), and one
+        RPUSH queues them all: what RQ's `enqueue_many` writes, without its per-job `Job`
+        object, status write and push (2.4x its rate; the enqueue bench prints both). A test
+        compares the two writes field by field, so an RQ release that writes jobs differently
+        fails it."""
         pipe = self.connection.pipeline()
-        self.queue.enqueue_many([self._data(k, k) for k in run_keys], pipeline=pipe)  # type: ignore[list-item]
+        first, rest = run_keys[0], run_keys[1:]
+        (job,) = self.queue.enqueue_many([self._data(first, first)], pipeline=pipe)  # type: ignore[list-item]
+        if rest:
+            encode = self.connection.get_encoder().encode
+            template = {name: encode(value) for name, value in job.to_dict().items()}
+            dumps = self.queue.serializer.dumps
+            for key in rest:
+                fields = template.copy()
+                fields["data"] = zlib.compress(dumps((JOB_FUNC, None, (key,), {})))  # as Job.data, then to_dict
+                fields["description"] = encode(key)
+                pipe.hset(Job.key_for(key), mapping=fields)  # type: ignore[arg-type]
+            pipe.rpush(self.queue.key, *rest)
         return pipe
 
     def defer(self, run_key: str, seconds: int, *, generation: int) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import re
+import zlib
 from pathlib import Path
 
 import pytest
@@ -182,3 +185,46 @@ def test_runs_reach_redis_only_after_the_ledger_committed_them(ledger, settings,
     monkeypatch.setattr(queue_module, "CHUNK", 3)  # 4 runs: two chunks
     assert enqueue_spec(ledger, settings, spec, actor="tester").enqueued == 4
     assert list(q.waiting()) == [r.run_key for r in spec.expand(1)]
+
+_RQ_TIME = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def _redis_contents(conn) -> dict[bytes, object]:  # type: ignore[no-untyped-def]
+    """Every key of the database with its type, value and TTL; a job's timestamps only checked
+    to be in RQ's format, its data decompressed."""
+    out: dict[bytes, object] = {}
+    for key in conn.keys("*"):
+        kind = conn.type(key)
+        if kind == b"hash":
+            fields = conn.hgetall(key)
+            for stamp in (b"created_at", b"enqueued_at"):
+                assert _RQ_TIME.fullmatch(fields.pop(stamp)), (key, stamp)
+            fields[b"data"] = json.loads(zlib.decompress(fields[b"data"]))
+            value: object = fields
+        elif kind == b"list":
+            value = conn.lrange(key, 0, -1)
+        elif kind == b"set":
+            value = conn.smembers(key)
+        else:
+            value = kind
+        out[key] = (kind, value, conn.ttl(key))
+    return out
+
+
+def test_chunk_writes_the_jobs_rq_itself_writes(redis_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The enqueue's chunk writer (RQ writes a chunk's first job; the others are copies of its
+    hash) leaves Redis exactly as RQ's own enqueue_many of the same runs does: every key, hash
+    field, queue entry in order, and TTL."""
+    import ggpo_batch.queue as queue_module
+
+    monkeypatch.setattr(queue_module, "CHUNK", 3)  # 8 runs: chunks of 3, 3 and 2
+    keys = [f"e-v1-{seed}-arm{arm}" for seed in range(4) for arm in range(2)]
+    q = RunQueue.from_url(redis_url, "testq")
+    assert q.enqueue(keys) == len(keys)
+    written = _redis_contents(q.connection)
+    assert q.connection.flushdb()
+    with q.connection.pipeline() as pipe:
+        q.queue.enqueue_many([q._data(k, k) for k in keys], pipeline=pipe)  # type: ignore[list-item]
+        pipe.execute()
+    assert written == _redis_contents(q.connection)
+    assert list(q.waiting()) == keys

@@ -52,6 +52,17 @@ def raw_rq(conn: redis.Redis, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def writer_only(conn: redis.Redis, redis_url: str, n: int) -> float:
+    """Jobs/s of our RQ chunk writer alone (no spec, no ledger), for the same job count."""
+    from ggpo_batch.queue import RunQueue
+
+    q = RunQueue.from_url(redis_url, "bench-writer")
+    q.enqueue([f"writer-warm-{j}" for j in range(ARMS)])
+    t0 = time.perf_counter()
+    q.enqueue([f"writer-{j}" for j in range(n)])
+    return n / (time.perf_counter() - t0)
+
+
 def ours(db_url: str, redis_url: str, n: int, workdir: Path) -> tuple[float, float]:
     from ggpo_batch.config import load_settings
     from ggpo_batch.enqueue import enqueue_spec
@@ -94,7 +105,7 @@ def main() -> None:
     args = ap.parse_args()
     redis_url = f"redis://127.0.0.1:6379/{args.redis_db}"
     conn = redis.Redis.from_url(redis_url)
-    rounds: list[tuple[float, float, float]] = []  # (raw jobs/s, ours runs/s, re-enqueue s)
+    rounds: list[tuple[float, float, float, float]] = []  # raw jobs/s, ours runs/s, re-enqueue s, writer jobs/s
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
             work = Path(tmp)
@@ -114,7 +125,9 @@ def main() -> None:
                 raw = raw_rq(conn, args.runs)
                 conn.flushdb()
                 mine, again_s = ours(db_url, redis_url, args.runs, work)
-                rounds.append((raw, mine, again_s))
+                conn.flushdb()
+                writer = writer_only(conn, redis_url, args.runs)
+                rounds.append((raw, mine, again_s, writer))
             finally:
                 conn.flushdb()
                 if cleanup:
@@ -124,10 +137,12 @@ def main() -> None:
                         c.execute(f'DROP DATABASE IF EXISTS "{cleanup}" WITH (FORCE)')
     print(f"runs                      {args.runs}")
     print(f"ledger                    {args.db}")
-    for i, (raw, mine, again_s) in enumerate(rounds, 1):
+    for i, (raw, mine, again_s, writer) in enumerate(rounds, 1):
         print(f"round {i}: raw RQ enqueue_many {raw:7.0f} jobs/s, ggpo-batch enqueue {mine:7.0f} runs/s "
               f"(spec parse + ledger + RQ), re-enqueue (no-op) {again_s:.3f} s, ratio {mine / raw:.2f}")
-    ratio = statistics.median(mine / raw for raw, mine, _ in rounds)
+        print(f"         our RQ writer alone {writer:7.0f} jobs/s ({writer / raw:.2f}x raw RQ); "
+              f"outside Redis {1e6 / mine - 1e6 / writer:5.1f} us/run, against raw RQ's {1e6 / raw:5.1f} us/job")
+    ratio = statistics.median(mine / raw for raw, mine, _, _ in rounds)
     print(f"ratio ggpo/raw            {ratio:10.2f}   (median of {len(rounds)}; goal >= 0.70: "
           f"{'meets' if ratio >= 0.7 else 'MISSES'})")
 
