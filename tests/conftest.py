@@ -13,10 +13,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import getpass
 import itertools
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -104,6 +106,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
         return (yield)
     with slurm_turn(exclusive=item.get_closest_marker("slurm_exclusive") is not None):
         return (yield)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Several tests give their ranks a TMPDIR of their own, and torch's inductor keeps the kernels it
+    # compiles (vLLM's sampler ops, on CPU) under TMPDIR by default: each such test compiled them
+    # again. One cache for the whole run, where inductor keeps it when TMPDIR is not set.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
+                          os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
 
 
 @pytest.hookimpl(wrapper=True)

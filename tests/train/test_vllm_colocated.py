@@ -24,12 +24,10 @@ def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2) -> None:
     from ggpo_batch.train.rankfork import ForkServer
 
     port = free_port()
-    (tmp_path / "tmp").mkdir(exist_ok=True)
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1",
-                   TMPDIR=str(tmp_path / "tmp"))
+                   MASTER_PORT=str(port), CUDA_VISIBLE_DEVICES="", VLLM_CPU_KVCACHE_SPACE="1", OMP_NUM_THREADS="1")
         procs.append(ForkServer.start_rank(list(args), env, Path(f"{out}.rank{rank}.log"), target=target, cwd=REPO))
     deadline = time.monotonic() + 500
     try:
