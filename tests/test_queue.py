@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.interventions import cancel_runs, retry_run
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.errors import LedgerError, SpecError
+from ggpo_batch.interventions import cancel_runs, retry_run
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec

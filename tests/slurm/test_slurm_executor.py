@@ -167,11 +167,14 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
     job_id = executor.submit_callable(jobs.CountingSleeper(8, str(log), first_seconds=60), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
                                       time=15, requeues=1)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
-    end = time.monotonic() + 20
+    # Preempt only once the payload runs, so submitit's handler is in place; under a full suite a
+    # task took over 20 s to get there, and the requeue that follows a while more.
+    end = time.monotonic() + 90
     while not log.exists() and time.monotonic() < end:
         time.sleep(0.2)
+    assert log.exists(), "the job's payload did not start in 90 s"
     submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)  # SIGTERM + USR2, as a preemption
-    wait_for(executor, job_id, lambda i: i.restarts >= 1 and i.state == "PENDING", 60)
+    wait_for(executor, job_id, lambda i: i.restarts >= 1 and i.state == "PENDING", 120)
     # slurmctld holds a requeued job for 120 s (BeginTime); release it so the test stays short
     run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
     info = wait_for(executor, job_id, lambda i: i.final and i.restarts >= 1, 120)
