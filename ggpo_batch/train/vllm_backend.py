@@ -231,6 +231,12 @@ class VllmBackend(RolloutBackend):
         self.rpc_dir = _short_rpc_dir()
         if self.colocated and not self.cuda:
             _job_unique_cpu_shm()
+        # vLLM collects garbage five times while its engine starts, and freezes the heap at the end.
+        # In a rank's heap (torch, DeepSpeed, transformers: ~500k objects) each full collection
+        # costs a few tenths of a second; collected once and frozen first, its collections see only
+        # its own objects (the engine's start here: 5.9-7.6 s -> 4.7-4.8 s).
+        gc.collect()
+        gc.freeze()
         with _llvmlite_hidden():
             if self.colocated:  # the rank's device: vLLM reads LOCAL_RANK, as the trainer does
                 self.llm = LLM(**options, distributed_executor_backend="external_launcher", tensor_parallel_size=self.tp)
