@@ -40,6 +40,13 @@ from .sacct import Runner, Sacct, normalize_state, run_command
 
 log = logging.getLogger(__name__)
 ALLOC_START_LINE = alloc_start_export("$EPOCHREALTIME")  # bash 5: the batch script is #!/bin/bash
+# The ranks' rendezvous port (rank 0's TCPStore), set on the batch host as the allocation starts:
+# from the job id, below the kernel's ephemeral port range, so no outgoing connection on the node
+# can be holding it. submitit's own choice (20000-60000 from the job id) lies mostly inside that
+# range, and rank 0 failed with EADDRINUSE when a client connection had the port. The tasks get it
+# through srun's environment; a profile's own setup line may still set another.
+RENDEZVOUS_PORT_LINE = ("read -r _lo _hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || _lo=32768; "
+                        "export MASTER_PORT=$(( 10000 + SLURM_JOB_ID % (_lo > 11000 ? _lo - 10000 : 1000) ))")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
@@ -228,7 +235,7 @@ class SlurmExecutor(Executor):
         extra["requeue" if requeues > 0 else "no_requeue"] = True
         params["additional_parameters"] = extra
         # First line of the batch script: the allocation's start, for the job's own GPU-hour clock.
-        params["setup"] = [ALLOC_START_LINE, *params.get("setup", [])]
+        params["setup"] = [ALLOC_START_LINE, RENDEZVOUS_PORT_LINE, *params.get("setup", [])]
         return params
 
     def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:

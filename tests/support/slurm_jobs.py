@@ -17,7 +17,7 @@ def sleep_then_report(seconds: float, out: str) -> str:
     """Sleep, then write what the allocation looked like."""
     time.sleep(seconds)
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES", "")
-    Path(out).write_text(f"{cvd}\n{os.environ.get('SLURM_JOB_ID', '')}\n")
+    Path(out).write_text(f"{cvd}\n{os.environ.get('SLURM_JOB_ID', '')}\n{os.environ.get('MASTER_PORT', '')}\n")
     return cvd
 
 
