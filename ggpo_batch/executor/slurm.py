@@ -46,7 +46,8 @@ ALLOC_START_LINE = alloc_start_export("$EPOCHREALTIME")  # bash 5: the batch scr
 # range, and rank 0 failed with EADDRINUSE when a client connection had the port. The tasks get it
 # through srun's environment; a profile's own setup line may still set another.
 RENDEZVOUS_PORT_LINE = ("read -r _lo _hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || _lo=32768; "
-                        "export MASTER_PORT=$(( 10000 + SLURM_JOB_ID % (_lo > 11000 ? _lo - 10000 : 1000) ))")
+                        "(( _lo > 11000 )) || _lo=11000; (( MASTER_PORT = 10000 + SLURM_JOB_ID % (_lo - 10000) )); "
+                        "export MASTER_PORT")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 _SAFE_COMMENT = re.compile(r"^[A-Za-z0-9_./:-]{1,250}$")
