@@ -126,7 +126,7 @@ class RunQueue:
         RQ creates and writes the chunk's first job itself. Every other job is that job's hash
         with its own id, data and description (the chunk's jobs share its timestamps), and one
         RPUSH queues them all: what RQ's `enqueue_many` writes, without its per-job `Job`
-        object, status write and push (2.4x its rate; the enqueue bench prints both). A test
+        object, status write and push (about twice its rate: the enqueue bench prints both). A test
         compares the two writes field by field, so an RQ release that writes jobs differently
         fails it."""
         pipe = self.connection.pipeline()

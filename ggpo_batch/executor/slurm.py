@@ -235,7 +235,8 @@ class SlurmExecutor(Executor):
         extra = {k: v for k, v in params.get("additional_parameters", {}).items() if k not in ("requeue", "no_requeue")}
         extra["requeue" if requeues > 0 else "no_requeue"] = True
         params["additional_parameters"] = extra
-        # First line of the batch script: the allocation's start, for the job's own GPU-hour clock.
+        # The batch script's first lines: the allocation's start (the job's own GPU-hour clock), then
+        # the ranks' rendezvous port.
         params["setup"] = [ALLOC_START_LINE, RENDEZVOUS_PORT_LINE, *params.get("setup", [])]
         return params
 
