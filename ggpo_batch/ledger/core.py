@@ -190,7 +190,6 @@ class LedgerCore:
         run.updated_at = utcnow()
 
 
-
 def _wrap_public(cls: type) -> None:
     for name, value in list(vars(cls).items()):
         if (callable(value) and not name.startswith("_") and name not in ("session", "transaction", "exclusive")
