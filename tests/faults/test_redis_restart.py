@@ -4,9 +4,7 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,6 +16,7 @@ from ggpo_batch.netutil import free_port
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
+from tests.support.workers import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(420)]
 RUNS = 3  # one in flight when Redis dies (quota 1 GPU), two queued
@@ -51,13 +50,6 @@ def _redis(port: int) -> subprocess.Popen:
     raise RuntimeError("private redis-server did not start")
 
 
-def _worker(env: dict[str, str], burst: bool) -> subprocess.Popen:
-    args = [sys.executable, "-m", "ggpo_batch.cli", "worker", "--reconcile-interval", "5"] + (["--burst"] if burst
-                                                                                              else [])
-    return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-
-
 def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -82,13 +74,14 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
     worker = None
     try:
         enqueue_spec(ledger, settings, load_spec(spec_path), actor="t")
-        worker = _worker(env, burst=False)
+        worker = WorkerProcess(env, tmp_path / "worker-1.log", name="rr-1")
         _wait(lambda: any(r.state in ("submitted", "running") for r in ledger.runs()), 60, "a first submission")
         # Redis dies and comes back empty (no persistence): queue, schedule and registries are gone.
         server.kill()
         server.wait()
-        os.killpg(worker.pid, signal.SIGKILL)
-        worker.wait()
+        # The worker and its work horse (RQ gives it a process group of its own) both die: a horse
+        # left alive would write its deferral into the new, empty Redis once it is back.
+        worker.kill()
         server = _redis(port)
         q = RunQueue.from_url(redis_url, "rr")
         assert q.present() == set()
@@ -98,8 +91,8 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
         assert rep.requeued == len(queued) and q.present() == queued  # in-flight runs are not queued again
         assert in_flight.isdisjoint(q.present())
         t0 = time.monotonic()
-        worker = _worker(env, burst=True)
-        worker.wait(timeout=300)
+        worker = WorkerProcess(env, tmp_path / "worker-2.log", name="rr-2", burst=True)
+        worker.proc.wait(timeout=300)
         runs = ledger.runs()
         assert [r.state for r in runs] == ["succeeded"] * RUNS, [(r.run_key, r.state, r.cause) for r in runs]
         assert [len(r.attempts) for r in runs] == [1] * RUNS  # no duplicate submission
@@ -107,6 +100,6 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
         print(f"\nRedis restarted empty with {len(in_flight)} run(s) in flight and {len(queued)} queued: "
               f"{rep.requeued} re-queued by reconcile, 0 lost, 0 duplicates; drained in {time.monotonic() - t0:.0f} s")
     finally:
-        if worker is not None and worker.poll() is None:
-            os.killpg(worker.pid, signal.SIGKILL)
+        if worker is not None:
+            worker.kill()
         server.kill()
