@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -75,9 +73,7 @@ def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(
     if not db_url.startswith("sqlite"):
         pytest.skip("one backend is enough for a worker kill")
     enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 60), actor="tester")
-    env = dict(os.environ)
-    proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "worker", "--queue", "testq"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    worker = WorkerProcess(dict(os.environ), tmp_path / "worker.log", name="wk-kill", reconcile_interval=30)
     try:
         end = time.monotonic() + 60
         while time.monotonic() < end:
@@ -89,8 +85,7 @@ def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(
             raise AssertionError("the worker never started the run")
         time.sleep(3)  # mid-job: training inside the work horse
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # worker and work horse together
-        proc.wait()
+        worker.kill()  # the worker and its work horse (a process group of its own) together
     q = RunQueue.from_url(settings.redis_url, "testq")
     rep = reconcile(ledger, settings, [q], actor="test", stale_after=timedelta(0))
     assert rep.resolved_submitting == 1
