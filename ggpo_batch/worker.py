@@ -29,6 +29,7 @@ from .errors import LedgerError
 from .executor import IN_PROCESS_EXECUTORS, make_executor
 from .ledger import Ledger, QuotaExceeded, connect
 from .ledger.attempts import AttemptPlan
+from .ledger.fork_link import ForkLink
 from .queue import RunQueue
 from .reconcile import reconcile_now, wait_settled
 from .runspec import RunSpec
@@ -46,12 +47,14 @@ def _worker_name() -> str:
 
 @dataclass
 class _WorkerProcess:
-    """What a worker opens once and the jobs it forks reuse: its settings and one ledger engine,
-    whose schema was checked once, at the worker's start."""
+    """What a worker opens once and the jobs it forks reuse: its settings, one ledger engine,
+    whose schema was checked once, at the worker's start, and (PostgreSQL) the warm connection
+    its jobs take in turn."""
 
     settings: Settings
     ledger: Ledger
     pid: int
+    link: ForkLink
 
 
 _process: _WorkerProcess | None = None  # set by run_worker before it forks any job
@@ -67,12 +70,15 @@ def execute_run(run_key: str) -> dict[str, Any]:
             return submit_run(ledger, settings, run_key, worker=_worker_name())
         finally:
             ledger.engine.dispose()
-    if ctx.pid != os.getpid():  # a forked job: never use the parent's pooled connections
+    if ctx.pid != os.getpid():  # a forked job: only the connection the worker left for it is ours
         pool = ctx.ledger.engine.pool
-        if pool.checkedin() or pool.checkedout():  # type: ignore[attr-defined]  (a QueuePool: ledger.db)
+        if not ctx.link.shared and (pool.checkedin() or pool.checkedout()):  # type: ignore[attr-defined]
             ctx.ledger.engine.dispose(close=False)
         ctx.pid = os.getpid()
-    return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
+    try:
+        return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
+    finally:
+        ctx.link.leave_clean()
 
 
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
@@ -192,9 +198,11 @@ class GgpoWorker(Worker):
     """An RQ worker whose maintenance also reconciles the ledger with the executors, and whose
     scheduler process ends with it."""
 
-    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, link: ForkLink, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
+        self.ledger_link = link
+        self._horse_status: int | None = None  # the last work horse's wait status
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         # RQ (2.x) builds its scheduler here by the module-level name and, outside burst mode,
@@ -212,11 +220,20 @@ class GgpoWorker(Worker):
         shown = progress.current()
         if shown is not None:
             shown.note(f"{job.description or job.id}")
+        self.ledger_link.before_fork()
+        self._horse_status = None
         try:
             return super().execute_job(job, queue)
         finally:
+            self.ledger_link.after_job(self._horse_status)
             if shown is not None:
                 shown.advance(note=f"{job.description or job.id} submitted; {queue.count} waiting")
+
+    def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
+        pid, status, rusage = super().wait_for_horse()
+        if pid:
+            self._horse_status = status
+        return pid, status, rusage
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
@@ -238,14 +255,17 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     global _process
     # `kill -QUIT` prints where the worker and its job (which inherits this) are, every thread.
     faulthandler.register(signal.SIGQUIT, all_threads=True)
-    ledger = connect(settings.db_url)  # one engine for the worker and the jobs it forks; schema checked once
+    # One engine for the worker and the jobs it forks; schema checked once. Its connections are
+    # not pinged when taken from the pool: the link checks the one jobs share before each fork.
+    ledger = connect(settings.db_url, pre_ping=False)
     if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:
         preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every forked job
     _warm(ledger)
-    _process = _WorkerProcess(settings, ledger, os.getpid())
+    link = ForkLink(ledger.engine)
+    _process = _WorkerProcess(settings, ledger, os.getpid(), link)
     conn = redis_connect(settings.redis_url)
     worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
-                        serializer=JSONSerializer, name=name, settings=settings,
+                        serializer=JSONSerializer, name=name, settings=settings, link=link,
                         maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
     if not burst:
         return worker.work(burst=False, with_scheduler=True)
@@ -294,8 +314,8 @@ def _warm(ledger: Ledger) -> None:
                 twin.mark_submitted(run.run_key, att.number, job_id="0", actor=key)
             twin.settle_attempt(run.run_key, att.number, lambda _run, _att: end, actor=key,
                                 job_id="0" if i == 0 else None)
-    # Forked jobs start from an empty pool: a job replaces the pool (1.4 ms) only if the worker
-    # holds a connection then (reconcile opens its own engine; the worker's stays idle).
+    # The pool is left empty: on SQLite each job opens its own connection (one is never carried
+    # across a fork), and on PostgreSQL the link opens the one its jobs share at the first fork.
     ledger.engine.dispose()
     gc.freeze()  # the worker's own objects stay out of every job's garbage collections
 

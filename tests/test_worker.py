@@ -50,13 +50,19 @@ def _spec(tmp_path: Path, executor: str, budget: float, seeds: str = "1"):  # ty
 
 def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, settings, worker_env,  # type: ignore[no-untyped-def]
                                                                          tmp_path: Path, db_url: str) -> None:
-    if not db_url.startswith("sqlite"):
-        pytest.skip("the worker path is backend-neutral; the ledger tests cover PostgreSQL")
-    enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1), actor="tester")
+    # On PostgreSQL three runs, whose jobs take in turn the one connection the worker keeps for
+    # them (ledger.fork_link): opened once, and each job leaves it clean for the next.
+    seeds = "1" if db_url.startswith("sqlite") else "1, 2, 3"
+    enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1, seeds), actor="tester")
     # A real `ggpo-batch worker --burst` process: RQ's forking worker installs signal handlers and
     # kills process groups, which must never run inside the test process itself.
-    done = run_burst_worker(["--queue", "testq", "--reconcile-interval", "5"], dict(os.environ), timeout=240)
+    done = run_burst_worker(["--queue", "testq", "--reconcile-interval", "5"], dict(os.environ), timeout=240,
+                            verbose=True)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert [r.state for r in ledger.runs()] == ["succeeded"] * len(seeds.split(","))
+    if db_url.startswith("postgresql"):
+        log = done.stderr.decode()
+        assert log.count("opened the ledger connection its jobs share") == 1 and "not handed" not in log, log[-3000:]
     run = ledger.get_run("wk-v1-1-clean")
     assert run.state == "succeeded", run.cause
     [att] = run.attempts

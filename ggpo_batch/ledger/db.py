@@ -40,8 +40,10 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
-def make_engine(url: str) -> Engine:
-    """A SQLAlchemy engine with the ledger's transaction settings for its backend."""
+def make_engine(url: str, *, pre_ping: bool = True) -> Engine:
+    """A SQLAlchemy engine with the ledger's transaction settings for its backend. Without
+    `pre_ping`, a PostgreSQL connection taken from the pool is not tested first (a round trip
+    each time): a dead one then fails its first statement, and the ledger's retry reconnects."""
     url = normalise_url(url)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
@@ -76,7 +78,7 @@ def make_engine(url: str) -> Engine:
     # A host that accepts the connection but never answers (another service on that port, a
     # firewall that drops packets) must not hang a command: bounded connect, TCP keepalives after.
     connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in u.query}
-    return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=4, connect_args=connect_args)
+    return create_engine(url, pool_pre_ping=pre_ping, pool_size=2, max_overflow=4, connect_args=connect_args)
 
 
 def refuse_truncated_sqlite(path: Path) -> None:
@@ -265,11 +267,12 @@ def is_empty(engine: Engine) -> bool:
         return not conn.execute(anything).scalar()
 
 
-def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0):  # type: ignore[no-untyped-def]
+def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0,  # type: ignore[no-untyped-def]
+            pre_ping: bool = True):
     """A Ledger on `url`; with `check`, refuse a schema that is not at head."""
     from . import Ledger
 
-    engine = make_engine(url)
+    engine = make_engine(url, pre_ping=pre_ping)
     if check:
         check_schema(engine)
     return Ledger(engine, retry_seconds=retry_seconds)

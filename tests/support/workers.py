@@ -111,11 +111,13 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
-def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float) -> subprocess.CompletedProcess[bytes]:
+def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float,
+                     verbose: bool = False) -> subprocess.CompletedProcess[bytes]:
     """`ggpo-batch worker --burst ARGS` to its end. Past `timeout`, the worker and its work horse are
     asked where they are (SIGQUIT: the worker's faulthandler prints every thread's stack, and the
     horse inherits it), then killed, and the test fails with that output instead of a bare timeout."""
-    proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "worker", "--burst", *args], env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", *(["-v"] if verbose else []), "worker", "--burst",
+                             *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
