@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rq import Queue, Worker, get_current_job
+from rq.job import JobStatus
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
 
@@ -225,7 +226,8 @@ class GgpoWorker(Worker):
         try:
             return super().execute_job(job, queue)
         finally:
-            self.ledger_link.after_job(self._horse_status)
+            if self.ledger_link.holding:
+                self.ledger_link.after_job(self._horse_status, finished=_finished(job))
             if shown is not None:
                 shown.advance(note=f"{job.description or job.id} submitted; {queue.count} waiting")
 
@@ -244,6 +246,14 @@ class GgpoWorker(Worker):
             reconcile_now(self.ggpo_settings, [q.name for q in self.queues], actor=f"reconcile@{self.name}")
         except Exception:  # a reconcile failure must not kill the worker; the next cycle retries
             self.log.exception("reconcile cycle failed")
+
+
+def _finished(job: Any) -> bool:
+    """Whether RQ recorded the job as finished (not failed, not gone)."""
+    try:
+        return job.get_status(refresh=True) == JobStatus.FINISHED
+    except Exception:  # no such job any more, Redis unreachable: not known to have finished
+        return False
 
 
 def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: str | None = None,

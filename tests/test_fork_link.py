@@ -34,9 +34,11 @@ def engine(pg_url: str) -> Iterator[Engine]:
         eng.dispose()
 
 
-def _job(link: ForkLink, engine: Engine, body: Callable[[Engine], Any], *, clean_exit: bool = True) -> tuple[int, Any]:
+def _job(link: ForkLink, engine: Engine, body: Callable[[Engine], Any], *, clean_exit: bool = True,
+         finished: bool = True) -> tuple[int, Any]:
     """Fork a job that runs `body` and reports its value; return (its wait status, the value).
-    Without `clean_exit` the job skips the link's end-of-job half (a job killed on its way out)."""
+    Without `clean_exit` the job skips the link's end-of-job half (a job killed on its way out);
+    `finished` is what RQ recorded of the job (False: it ended with an error)."""
     link.before_fork()
     r, w = os.pipe()
     pid = os.fork()
@@ -55,7 +57,7 @@ def _job(link: ForkLink, engine: Engine, body: Callable[[Engine], Any], *, clean
     with os.fdopen(r, "rb") as f:
         data = f.read()
     _, status = os.waitpid(pid, 0)
-    link.after_job(status)
+    link.after_job(status, finished=finished)
     return status, json.loads(data) if data else None
 
 
@@ -167,6 +169,15 @@ def test_a_job_ending_inside_a_transaction_closes_the_connection(engine: Engine,
     monkeypatch.setattr(ForkLink, "leave_clean", lambda self: None)  # the planted defect
     _job(link, engine, leave_a_transaction_open)
     assert _job(link, engine, mark_seen)[1] == "left open"  # inside the previous job's transaction
+
+
+def test_a_job_ended_by_an_error_hands_nothing_on(engine: Engine) -> None:
+    """A job stopped by an error (RQ's timeout, say) can have left a query running on the server,
+    which answers after the worker looked: the next job gets a new backend."""
+    link = ForkLink(engine)
+    first = _job(link, engine, _backend)[1]
+    _job(link, engine, _backend, finished=False)
+    assert _job(link, engine, _backend)[1] != first and link.opened == 2
 
 
 def test_sqlite_has_no_shared_connection(tmp_path) -> None:  # type: ignore[no-untyped-def]

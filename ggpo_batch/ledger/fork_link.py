@@ -8,7 +8,9 @@ job inherits it at the fork, uses it, and exits without closing it (RQ's work ho
 `os._exit`), and the next job finds the same backend, warm.
 
 The worker hands the connection on only if the last job left it as it found it:
-- the job's process exited normally (a killed job may have stopped in the middle of anything);
+- the job's process exited normally (a killed job may have stopped in the middle of anything)
+  and its RQ job finished (one stopped by an error, a timeout say, may have left a query
+  running on the server, whose reply would come after the worker looked);
 - the job itself closed it if it ended inside a transaction or a reply (`leave_clean`), so the
   server ends that session;
 - nothing is waiting on the socket. An idle connection has nothing to say: bytes there are a
@@ -69,14 +71,22 @@ class ForkLink:
                 log.warning("could not open the ledger connection for the next job: %s", exc)
                 self.engine.dispose()
 
-    def after_job(self, wait_status: int | None) -> None:
+    @property
+    def holding(self) -> bool:
+        """True while the worker holds a connection for its jobs."""
+        return self._fd is not None
+
+    def after_job(self, wait_status: int | None, *, finished: bool) -> None:
         """In the worker, once the job's process is reaped (`wait_status` from waitpid; None if
         it was not reaped): keep the connection for the next job only if the job exited
-        normally and left nothing to read on it."""
+        normally, `finished` (its RQ job ended without an error) and left nothing to read on
+        it. A job stopped by an error may have left a query running, whose reply comes later."""
         if self._fd is None:
             return
         if wait_status is None or not os.WIFEXITED(wait_status) or os.WEXITSTATUS(wait_status) != 0:
             self._drop(f"the job's process ended with wait status {wait_status}")
+        elif not finished:
+            self._drop("the job ended with an error")
         elif _has_input(self._fd):
             self._drop("the job left bytes or an end of stream on the connection")
 
