@@ -19,7 +19,7 @@ from ggpo_batch.spec import load_spec
 from tests.support.workers import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(420)]
-RUNS = 3  # one in flight when Redis dies (quota 1 GPU), two queued
+RUNS = 2  # one in flight when Redis dies (quota 1 GPU), one queued
 SPEC = f"""
 schema = 1
 [experiment]
