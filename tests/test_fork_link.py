@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,6 +20,7 @@ from sqlalchemy import Engine, text
 from ggpo_batch.ledger import fork_link
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.ledger.fork_link import ForkLink
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -59,15 +59,6 @@ def _job(link: ForkLink, engine: Engine, body: Callable[[Engine], Any], *, clean
     _, status = os.waitpid(pid, 0)
     link.after_job(status, finished=finished)
     return status, json.loads(data) if data else None
-
-
-def wait_until_true(pred: Callable[[], bool], timeout_s: float) -> bool:
-    end = time.monotonic() + timeout_s
-    while not pred():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 def _backend(engine: Engine) -> int:
@@ -140,7 +131,8 @@ def test_a_reply_left_unread_is_never_taken_by_the_next_job(engine: Engine, monk
     look = fork_link._has_input
     monkeypatch.setattr(fork_link, "_has_input", lambda fd: False)  # the planted defect: never look
     _job(link, engine, send_and_leave, clean_exit=False)
-    assert link._fd is not None and wait_until_true(lambda: look(link._fd), 10)  # the stale reply is there
+    assert link._fd is not None
+    wait_until(lambda: look(link._fd), 10, "the stale reply on the worker's connection")
     assert _job(link, engine, first_reply)[1] == 424242  # another job's reply, taken for this one's
     assert link.opened == 2
 

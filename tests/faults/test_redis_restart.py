@@ -16,6 +16,7 @@ from ggpo_batch.netutil import free_port
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.spec import load_spec
+from tests.support.waiting import wait_until
 from tests.support.workers import WorkerProcess
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -50,15 +51,6 @@ def _redis(port: int) -> subprocess.Popen:
     raise RuntimeError("private redis-server did not start")
 
 
-def _wait(pred, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     if not db_url.startswith("sqlite"):
         pytest.skip("one backend is enough for a Redis fault")
@@ -75,7 +67,7 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
     try:
         enqueue_spec(ledger, settings, load_spec(spec_path), actor="t")
         worker = WorkerProcess(env, tmp_path / "worker-1.log", name="rr-1")
-        _wait(lambda: any(r.state in ("submitted", "running") for r in ledger.runs()), 60, "a first submission")
+        wait_until(lambda: any(r.state in ("submitted", "running") for r in ledger.runs()), 60, "a first submission")
         # Redis dies and comes back empty (no persistence): queue, schedule and registries are gone.
         server.kill()
         server.wait()
