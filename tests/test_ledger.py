@@ -208,6 +208,31 @@ def test_begin_submission_reads_the_run_and_begins_its_attempt_in_one_transactio
         ledger.begin_submission("nope", actor="w", worker="w1", plan=plan)
 
 
+def test_begin_submission_follows_the_latest_attempt(ledger) -> None:  # type: ignore[no-untyped-def]
+    """The run and its latest attempt come from one query: the next attempt is numbered after the
+    latest of several, and one still being submitted keeps the run from a second worker."""
+    from ggpo_batch.ledger.attempts import AttemptPlan
+
+    _experiment(ledger, n=1)
+    key = "e-v1-0-clean"
+
+    def plan(run_spec, queue):  # type: ignore[no-untyped-def]
+        return AttemptPlan("debug", 4)
+
+    for number in (1, 2, 3):
+        took = ledger.begin_submission(key, actor="w", worker="w1", plan=plan)
+        assert took.attempt.number == number
+        with pytest.raises(LedgerError, match=f"attempt {number} is being submitted by w1"):
+            ledger.begin_submission(key, actor="w", worker="w2", plan=plan)
+        ledger.settle_attempt(key, number, lambda run, att: {"attempt_state": "failed", "run_state": "failed"},
+                              actor="w", job_id=f"debug-{number}")
+        ledger.requeue(key, actor="alice", reason="again")
+    run = ledger.get_run(key)
+    assert [(a.number, a.state, a.job_id) for a in run.attempts] == [
+        (1, "failed", "debug-1"), (2, "failed", "debug-2"), (3, "failed", "debug-3")]
+    assert ledger.attempt_state(key, 2) == "failed" and ledger.attempt_state(key, 4) is None
+
+
 def test_a_rehearsal_runs_the_workers_transitions_and_keeps_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
     """A worker rehearses a job's transitions (ORM sessions and Core transactions alike) inside
     one transaction that is rolled back: its statements are compiled, no row is kept."""

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, bindparam, func, insert, select, update
+from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -36,17 +36,37 @@ _ATT_WRITE = ("state", "reason", "job_id", "submitted_at", "started_at", "ended_
 # Values travel as parameters; an UPDATE's SET columns are the keys of its parameters.
 _RUN_ROW = (select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == bindparam("key"))
             .with_for_update())
-_SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP.c.queue)
+# The run's last attempt, joined to its row: a worker's first step reads both in one round trip.
+_LAST = _ATT.alias("last_attempt")
+_LAST_READ = ("number", "state", "worker")
+_SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP.c.queue,
+                          *(_LAST.c[c].label(f"last_{c}") for c in _LAST_READ))
                    .join_from(_RUN, _EXP, _EXP.c.id == _RUN.c.experiment_id)
+                   .outerjoin(_LAST, and_(_LAST.c.run_id == _RUN.c.id,
+                                          _LAST.c.number == select(func.max(_ATT.c.number))
+                                          .where(_ATT.c.run_id == _RUN.c.id).scalar_subquery()))
                    .where(_RUN.c.run_key == bindparam("key")).with_for_update(of=_RUN))
-_LAST_ATTEMPT = (select(_ATT.c.number, _ATT.c.state, _ATT.c.worker).where(_ATT.c.run_id == bindparam("run"))
+_LAST_ATTEMPT = (select(*(_ATT.c[c] for c in _LAST_READ)).where(_ATT.c.run_id == bindparam("run"))
                  .order_by(_ATT.c.number.desc()).limit(1))
-_ATTEMPTS_OF = select(_ATT).where(_ATT.c.run_id == bindparam("run")).order_by(_ATT.c.number)
+# The run (locked) with every attempt, one row per attempt (one row with NULL attempt columns if
+# it has none): a transition reads both in one round trip.
+_ATT_COLS = tuple(c.name for c in _ATT.c)
+_RUN_WITH_ATTEMPTS = (select(*(_RUN.c[c] for c in _RUN_READ), *(_ATT.c[c].label(f"attempt_{c}") for c in _ATT_COLS))
+                      .outerjoin_from(_RUN, _ATT, _ATT.c.run_id == _RUN.c.id)
+                      .where(_RUN.c.run_key == bindparam("key")).order_by(_ATT.c.number).with_for_update(of=_RUN))
 _ATTEMPT_STATE = (select(_ATT.c.state).join_from(_ATT, _RUN, _RUN.c.id == _ATT.c.run_id)
                   .where(_RUN.c.run_key == bindparam("key"), _ATT.c.number == bindparam("number")))
 _NEW_ATTEMPT_ROW = insert(_ATT)
 _UPDATE_ATTEMPT = update(_ATT).where(_ATT.c.id == bindparam("row_id"))
 _UPDATE_RUN = update(_RUN).where(_RUN.c.id == bindparam("row_id"))
+
+
+class _Last(NamedTuple):
+    """A run's latest attempt, as `_begin` needs it."""
+
+    number: int | None
+    state: str | None
+    worker: str | None
 
 
 class QuotaExceeded(LedgerError):
@@ -92,7 +112,8 @@ class AttemptTransitions(LedgerCore):
             run = self._run_row(conn, run_key)
             if run.state != "queued":
                 raise LedgerError(f"run {run_key}: is {run.state}, only a queued run can be submitted")
-            return self._begin(conn, run, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker)
+            last = conn.execute(_LAST_ATTEMPT, {"run": run.id}).one_or_none()
+            return self._begin(conn, run, last, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker)
 
     def begin_submission(self, run_key: str, *, actor: str, worker: str | None,
                          plan: Callable[[dict[str, Any], str | None], AttemptPlan]) -> Submission:
@@ -106,15 +127,18 @@ class AttemptTransitions(LedgerCore):
                 raise LedgerError(f"no run {run_key!r} in the ledger")
             fields = row._asdict()
             run_spec, queue = fields.pop("run_spec"), fields.pop("queue")
+            last = _Last(*(fields.pop(f"last_{c}") for c in _LAST_READ))
             run = Run(**fields)
             if run.state != "queued":
                 return Submission(run.state, run_spec, queue, None)
-            att = self._begin(conn, run, plan(run_spec, queue), actor=actor, worker=worker)
+            att = self._begin(conn, run, last if last.number is not None else None, plan(run_spec, queue),
+                              actor=actor, worker=worker)
             return Submission(run.state, run_spec, queue, att)
 
-    def _begin(self, conn: Connection, run: Run, plan: AttemptPlan, *, actor: str, worker: str | None) -> Attempt:
-        """Begin the next attempt of `run` (queued, locked by this transaction)."""
-        last = conn.execute(_LAST_ATTEMPT, {"run": run.id}).one_or_none()
+    def _begin(self, conn: Connection, run: Run, last: _Last | Row[Any] | None, plan: AttemptPlan, *, actor: str,
+               worker: str | None) -> Attempt:
+        """Begin the next attempt of `run` (queued, locked by this transaction) after `last`, its
+        latest attempt (number, state, worker; None if it has none)."""
         if last is not None and last.state == "submitting":
             raise LedgerError(f"run {run.run_key}: attempt {last.number} is being submitted by {last.worker}")
         if plan.quota is not None and plan.quota[1] > 0:
@@ -142,9 +166,14 @@ class AttemptTransitions(LedgerCore):
         return Run(**row._mapping)
 
     def _attempt_row(self, conn: Connection, run_key: str, number: int) -> tuple[Run, Attempt]:
-        """The run (locked) with its attempts, and attempt `number`, as detached objects read from rows."""
-        run = self._run_row(conn, run_key)
-        attempts = [Attempt(**r._mapping) for r in conn.execute(_ATTEMPTS_OF, {"run": run.id})]
+        """The run (locked) with its attempts, and attempt `number`, as detached objects read from
+        the rows of one query."""
+        rows = conn.execute(_RUN_WITH_ATTEMPTS, {"key": run_key}).all()
+        if not rows:
+            raise LedgerError(f"no run {run_key!r} in the ledger")
+        run = Run(**{c: getattr(rows[0], c) for c in _RUN_READ})
+        attempts = [Attempt(**{c: getattr(r, f"attempt_{c}") for c in _ATT_COLS}) for r in rows
+                    if r.attempt_id is not None]
         set_committed_value(run, "attempts", attempts)
         att = next((a for a in attempts if a.number == number), None)
         if att is None:
@@ -209,8 +238,9 @@ class AttemptTransitions(LedgerCore):
         return run, att
 
     def attempt_state(self, run_key: str, number: int) -> str | None:
-        """The state of attempt `number` of a run (None if there is none): one column, no run loaded."""
-        with self.transaction() as conn:
+        """The state of attempt `number` of a run (None if there is none): one column, no run
+        loaded, one round trip (a worker's fence before sbatch)."""
+        with self.reading() as conn:
             return conn.scalar(_ATTEMPT_STATE, {"key": run_key, "number": number})
 
     def mark_submitted(self, run_key: str, number: int, *, job_id: str, actor: str) -> Attempt:
