@@ -138,7 +138,7 @@ class AttemptTransitions(LedgerCore):
     def _begin(self, conn: Connection, run: Run, last: _Last | Row[Any] | None, plan: AttemptPlan, *, actor: str,
                worker: str | None) -> Attempt:
         """Begin the next attempt of `run` (queued, locked by this transaction) after `last`, its
-        latest attempt (number, state, worker; None if it has none)."""
+        latest attempt (number, state, worker; None if it has none), and end the transaction."""
         if last is not None and last.state == "submitting":
             raise LedgerError(f"run {run.run_key}: attempt {last.number} is being submitted by {last.worker}")
         if plan.quota is not None and plan.quota[1] > 0:
@@ -152,8 +152,9 @@ class AttemptTransitions(LedgerCore):
         att.id = conn.execute(_NEW_ATTEMPT_ROW, {c: getattr(att, c) for c in _NEW_ATTEMPT}).inserted_primary_key[0]
         events = RowEvents(actor)
         events.add(entity="attempt", to_state="submitting", run=run, attempt_id=att.id)
-        events.write(conn)
-        conn.execute(_UPDATE_RUN, {"row_id": run.id, "worker": worker})
+        with self.commit_after(conn):
+            events.write(conn)
+            conn.execute(_UPDATE_RUN, {"row_id": run.id, "worker": worker})
         return att
 
     @staticmethod
@@ -180,14 +181,16 @@ class AttemptTransitions(LedgerCore):
             raise LedgerError(f"run {run_key} has no attempt {number}")
         return run, att
 
-    @staticmethod
-    def _write_rows(conn: Connection, run: Run, att: Attempt, events: RowEvents,
+    def _write_rows(self, conn: Connection, run: Run, att: Attempt, events: RowEvents,
                     run_values: Mapping[str, Any] | None = None) -> None:
-        """Store what a row-level transition changed: the attempt's transition columns, the run's
-        state columns (with `run_values`, e.g. its result), and the events."""
-        conn.execute(_UPDATE_ATTEMPT, {"row_id": att.id, **{c: getattr(att, c) for c in _ATT_WRITE}})
-        conn.execute(_UPDATE_RUN, {"row_id": run.id, **{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})})
-        events.write(conn)
+        """Store what a row-level transition changed, and end its transaction: the attempt's
+        transition columns, the run's state columns (with `run_values`, e.g. its result), and the
+        events, sent with the commit."""
+        with self.commit_after(conn):
+            conn.execute(_UPDATE_ATTEMPT, {"row_id": att.id, **{c: getattr(att, c) for c in _ATT_WRITE}})
+            conn.execute(_UPDATE_RUN, {"row_id": run.id, **{c: getattr(run, c) for c in _RUN_WRITE},
+                                       **(run_values or {})})
+            events.write(conn)
 
     @staticmethod
     def _lock_queue(conn: Connection, queue: str) -> None:

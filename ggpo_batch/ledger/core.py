@@ -113,6 +113,22 @@ class LedgerCore:
             yield conn
 
     @contextmanager
+    def commit_after(self, conn: Connection) -> Iterator[None]:
+        """The last writes of a `transaction()`, sent with its COMMIT: on PostgreSQL (psycopg) in one
+        pipeline, so no statement waits for its reply. The tail then waits twice (the COMMIT, and
+        the pipeline's closing sync, which psycopg always sends) instead of once per statement plus
+        the COMMIT. An error in any of them is raised at the commit, which the transaction then
+        rolls back whole, as it would one raised at its own statement. Nothing may be read inside,
+        and nothing may follow it: the transaction has ended. Elsewhere (SQLite, a rehearsal's
+        savepoint) the statements run one by one and the transaction ends as usual."""
+        if self._rehearsing is not None or conn.dialect.name != "postgresql":
+            yield
+            return
+        with conn.connection.dbapi_connection.pipeline():  # type: ignore[union-attr]
+            yield
+            conn.commit()
+
+    @contextmanager
     def reading(self) -> Iterator[Connection]:
         """A read that needs no transaction of its own. On PostgreSQL an autocommit connection: each
         statement sees what is committed, without the BEGIN and COMMIT round trips a transaction

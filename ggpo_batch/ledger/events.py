@@ -12,7 +12,9 @@ from ..errors import LedgerError
 from ..states import REASON_TO_LEAVE, can_move
 from .schema import Event, Run, utcnow
 
-_INSERT_EVENT = insert(Event.__table__)  # built once (a forked job pays for each object it builds)
+# Built once (a forked job pays for each object it builds). Inline: no RETURNING of the new id,
+# which nothing reads, so the insert can be sent without waiting for a reply (commit_after).
+_INSERT_EVENT = insert(Event.__table__).inline()
 
 
 def event_row(*, entity: str, to_state: str, actor: str, from_state: str | None = None, reason: str | None = None,
