@@ -120,8 +120,9 @@ class LedgerCore:
         the COMMIT. An error in any of them is raised at the commit, which the transaction then
         rolls back whole, as it would one raised at its own statement. Nothing may be read inside,
         and nothing may follow it: the transaction has ended. Elsewhere (SQLite, a rehearsal's
-        savepoint) the statements run one by one and the transaction ends as usual."""
-        if self._rehearsing is not None or conn.dialect.name != "postgresql":
+        savepoint, another PostgreSQL driver) the statements run one by one and the transaction
+        ends as usual."""
+        if self._rehearsing is not None or conn.dialect.driver != "psycopg":
             yield
             return
         with conn.connection.dbapi_connection.pipeline():  # type: ignore[union-attr]
