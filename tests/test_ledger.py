@@ -273,63 +273,54 @@ def _round_trips(ledger, work) -> int:  # type: ignore[no-untyped-def]
     return sum(1 for fields in sent if fields[2].startswith(("Sync", "Query")))
 
 
-@pytest.fixture
-def pg_ledger(pg_url: str):  # type: ignore[no-untyped-def]
-    """A PostgreSQL ledger as a worker opens it: one engine, no pre-ping on checkout."""
-    from ggpo_batch.ledger import connect, upgrade
-    from ggpo_batch.ledger.db import make_engine
-    from tests.support.services import wipe_pg
-
-    wipe_pg(pg_url)
-    engine = make_engine(pg_url)
-    upgrade(engine)
-    engine.dispose()
-    led = connect(pg_url, pre_ping=False)
-    yield led
-    led.engine.dispose()
-    wipe_pg(pg_url)
-
-
-def test_a_worker_job_waits_ten_times_for_postgresql(pg_ledger) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_worker_job_waits_ten_times_for_postgresql(ledger, db_url) -> None:  # type: ignore[no-untyped-def]
     """A debug run's ledger work in a worker: begin (BEGIN, the run with its last attempt, the new
     attempt; its event and the run's worker sent with the COMMIT), the fence (one autocommit read)
     and the end (BEGIN, the run with its attempts; the two updates and the events sent with the
-    COMMIT). Each wait is a wake-up of the server, and on a remote ledger a network round trip."""
+    COMMIT). Each wait is a wake-up of the server, and on a remote ledger a network round trip.
+    Counted on the ledger as a worker opens it: no pre-ping when a connection leaves the pool."""
+    from ggpo_batch.ledger import connect
     from ggpo_batch.ledger.attempts import AttemptPlan
 
-    _experiment(pg_ledger, n=1)
+    _experiment(ledger, n=1)
     key = "e-v1-0-clean"
     end = {"attempt_state": "failed", "run_state": "failed", "reason": "boom", "exit_code": "1"}
+    worker_ledger = connect(db_url, pre_ping=False)
 
     def job() -> None:
-        att = pg_ledger.begin_submission(key, actor="w", worker="w1", plan=lambda _s, _q: AttemptPlan("debug", 4))
-        assert pg_ledger.attempt_state(key, att.attempt.number) == "submitting"
-        pg_ledger.settle_attempt(key, att.attempt.number, lambda _r, _a: end, actor="w", job_id="debug-1")
+        att = worker_ledger.begin_submission(key, actor="w", worker="w1", plan=lambda _s, _q: AttemptPlan("debug", 4))
+        assert worker_ledger.attempt_state(key, att.attempt.number) == "submitting"
+        worker_ledger.settle_attempt(key, att.attempt.number, lambda _r, _a: end, actor="w", job_id="debug-1")
 
-    assert _round_trips(pg_ledger, job) == 10
-    [a] = pg_ledger.get_run(key).attempts
+    try:
+        assert _round_trips(worker_ledger, job) == 10
+    finally:
+        worker_ledger.engine.dispose()
+    [a] = ledger.get_run(key).attempts
     assert (a.state, a.job_id, a.exit_code) == ("failed", "debug-1", "1")
-    assert [e.to_state for e in pg_ledger.events(run_key=key)][1:] == [
+    assert [e.to_state for e in ledger.events(run_key=key)][1:] == [
         "submitting", "submitted", "submitted", "failed", "failed"]
 
 
-def test_a_write_refused_in_the_tail_sent_with_the_commit_keeps_nothing(pg_ledger) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_write_refused_in_the_tail_sent_with_the_commit_keeps_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
     """The last writes of a transition travel with its COMMIT without waiting for their replies: one
     the server refuses (an exit code longer than its column) is raised at the commit, and the whole
     transition is rolled back, as if it had been raised at its own statement. The connection stays
     usable for the next transition."""
     from sqlalchemy.exc import DataError
 
-    _experiment(pg_ledger, n=1)
+    _experiment(ledger, n=1)
     key = "e-v1-0-clean"
-    pg_ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker="w1")
-    events = len(pg_ledger.events(run_key=key))
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker="w1")
+    events = len(ledger.events(run_key=key))
     too_long = {"attempt_state": "failed", "run_state": "failed", "reason": "boom", "exit_code": "9" * 40}
     with pytest.raises(DataError, match="too long"):
-        pg_ledger.settle_attempt(key, 1, lambda _r, _a: too_long, actor="w", job_id="debug-1")
-    [a] = pg_ledger.get_run(key).attempts
-    assert (a.state, a.job_id, pg_ledger.get_run(key).state) == ("submitting", None, "queued")
-    assert len(pg_ledger.events(run_key=key)) == events
-    run, att = pg_ledger.settle_attempt(key, 1, lambda _r, _a: {**too_long, "exit_code": "9"}, actor="w",
-                                        job_id="debug-1")
+        ledger.settle_attempt(key, 1, lambda _r, _a: too_long, actor="w", job_id="debug-1")
+    [a] = ledger.get_run(key).attempts
+    assert (a.state, a.job_id, ledger.get_run(key).state) == ("submitting", None, "queued")
+    assert len(ledger.events(run_key=key)) == events
+    run, att = ledger.settle_attempt(key, 1, lambda _r, _a: {**too_long, "exit_code": "9"}, actor="w",
+                                     job_id="debug-1")
     assert (att.state, att.exit_code, run.state) == ("failed", "9", "failed")
