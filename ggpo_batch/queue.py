@@ -60,7 +60,8 @@ def connect(url: str) -> Redis:
 @functools.cache
 def _driver_info() -> dict[str, object]:
     """redis-py 7 looks its own version up in the package metadata for every new connection, and
-    each forked RQ job opens one (about 1 ms): resolved once here, inherited by the jobs."""
+    a process that opens many (a worker's reconcile cycles, the dashboard) paid about 1 ms each:
+    resolved once here."""
     try:
         from redis.driver_info import DriverInfo
     except ImportError:  # redis < 7.1 reads its version once, at import
@@ -182,7 +183,7 @@ class RunQueue:
     def started(self, *, alive_only: bool = False) -> dict[str, str | None]:
         """Run key -> worker name, for jobs a worker is executing (with `alive_only`, a live worker).
 
-        A worker SIGKILLed with its work horse leaves its job in the started registry until RQ's
+        A worker SIGKILLed in the middle of a job leaves its job in the started registry until RQ's
         maintenance reaps it (90 s to 11 min, FACTS.md), so liveness is checked on the worker itself.
         """
         out = {self.run_key_of(j): j.worker_name for j in self._jobs(self._started_registry().get_job_ids())}

@@ -3,25 +3,32 @@
 The job only submits (ledger row first, then the executor, then the job id into the ledger) and
 returns; ending attempts is reconcile's work, which every worker runs as an RQ maintenance task
 (under a Redis lock, so one worker per interval does it) and, in burst mode, until its runs end.
+
+The worker runs each job in its own process, without RQ's fork per job: a job is a few ledger
+transitions and one submission, and a forked process paid for its copy-on-write pages and cold
+caches most of a job's time (tools/bench/worker_drain.py, PostgreSQL: 0.43 of raw RQ's rate
+forking each job, 0.73 forking only the stub payload). What must not run in the worker is a payload that trains in the
+calling process (the debug executor's), nor a local job as the worker's child: those start from
+a process forked for them (executor/forked.py).
 """
 
 from __future__ import annotations
 
 import faulthandler
-import gc
 import logging
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from rq import Queue, Worker, get_current_job
-from rq.job import JobStatus
+from rq import Queue, SimpleWorker, get_current_job
 from rq.scheduler import RQScheduler
 from rq.serializers import JSONSerializer
+from rq.worker import BaseWorker, WorkerStatus
 
 from . import progress
 from .allocation import attempt_folder
@@ -30,7 +37,7 @@ from .errors import LedgerError
 from .executor import IN_PROCESS_EXECUTORS, make_executor
 from .ledger import Ledger, QuotaExceeded, connect
 from .ledger.attempts import AttemptPlan
-from .ledger.fork_link import ForkLink
+from .parent_death import signal_at_parent_death
 from .queue import RunQueue
 from .reconcile import reconcile_now, wait_settled
 from .runspec import RunSpec
@@ -48,38 +55,28 @@ def _worker_name() -> str:
 
 @dataclass
 class _WorkerProcess:
-    """What a worker opens once and the jobs it forks reuse: its settings, one ledger engine,
-    whose schema was checked once, at the worker's start, and (PostgreSQL) the warm connection
-    its jobs take in turn."""
+    """What a worker opens once and every job it runs reuses: its settings and one ledger engine,
+    whose schema was checked once, at the worker's start."""
 
     settings: Settings
     ledger: Ledger
-    pid: int
-    link: ForkLink
 
 
-_process: _WorkerProcess | None = None  # set by run_worker before it forks any job
+_process: _WorkerProcess | None = None  # set by run_worker before it takes any job
 
 
 def execute_run(run_key: str) -> dict[str, Any]:
     """RQ job: submit one attempt of a queued run. Settings come from the worker's environment."""
     ctx = _process
-    if ctx is None:  # inline (memory://) or another RQ worker: open what the job needs, for this job
-        settings = load_settings()
-        ledger = connect(settings.db_url)
-        try:
-            return submit_run(ledger, settings, run_key, worker=_worker_name())
-        finally:
-            ledger.engine.dispose()
-    if ctx.pid != os.getpid():  # a forked job: only the connection the worker left for it is ours
-        pool = ctx.ledger.engine.pool
-        if not ctx.link.shared and (pool.checkedin() or pool.checkedout()):  # type: ignore[attr-defined]
-            ctx.ledger.engine.dispose(close=False)
-        ctx.pid = os.getpid()
-    try:
+    if ctx is not None:
         return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
+    # inline (memory://) or another RQ worker: open what the job needs, for this job
+    settings = load_settings()
+    ledger = connect(settings.db_url)
+    try:
+        return submit_run(ledger, settings, run_key, worker=_worker_name())
     finally:
-        ctx.link.leave_clean()
+        ledger.engine.dispose()
 
 
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
@@ -117,8 +114,9 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     executor = make_executor(spec.executor, jobs_dir=settings.jobs_dir, profile=spec.profile,
                              redis_url=None if inline else settings.redis_url)
     fault_pause(settings, "before_submit")
-    # Fence: a work horse outlives its SIGKILLed worker, and reconcile may meanwhile have settled
-    # this attempt as lost; submitting now would take an allocation the ledger never books.
+    # Fence: a worker that stalled here (stopped, swapped out, cut off from Redis) long enough to
+    # look dead may meanwhile have had this attempt settled as lost by another host's reconcile;
+    # submitting now would take an allocation the ledger never books.
     if not _still_ours(ledger, run_key, att.number):
         log.error("run %s attempt %d was settled while this job waited: not submitting", run_key, att.number)
         return {"run_key": run_key, "skipped": "attempt settled by reconcile before sbatch"}
@@ -175,7 +173,7 @@ class SchedulerDyingWithWorker(RQScheduler):
         return super().start()
 
     def work(self) -> None:
-        watched = _signal_at_parent_death(signal.SIGTERM)
+        watched = signal_at_parent_death(signal.SIGTERM)
         if os.getppid() != self._worker_pid:  # the worker died before the request took effect
             self.log.warning("scheduler: its worker is gone; not starting")
             return
@@ -184,26 +182,19 @@ class SchedulerDyingWithWorker(RQScheduler):
         super().work()
 
 
-def _signal_at_parent_death(signum: int) -> bool:
-    """Have the kernel send `signum` to this process when its parent dies; False where it cannot."""
-    import ctypes
+class GgpoWorker(SimpleWorker):
+    """An RQ worker that runs each job in its own process, keeps its heartbeat while the job runs,
+    reconciles the ledger with the executors as its maintenance, and whose scheduler process ends
+    with it."""
 
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(1, int(signum), 0, 0, 0) == 0  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return False
-
-
-class GgpoWorker(Worker):
-    """An RQ worker whose maintenance also reconciles the ledger with the executors, and whose
-    scheduler process ends with it."""
-
-    def __init__(self, *args: Any, settings: Settings, link: ForkLink, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
-        self.ledger_link = link
-        self._horse_status: int | None = None  # the last work horse's wait status
+
+    # RQ's SimpleWorker announces one heartbeat lasting the job's whole timeout (an hour here); a
+    # worker that died in the middle would look alive for that long. Like RQ's forking worker,
+    # this one announces a short one and renews it while the job runs (_Heartbeat).
+    get_heartbeat_ttl = BaseWorker.get_heartbeat_ttl
 
     def _start_scheduler(self, *args: Any, **kwargs: Any) -> None:
         # RQ (2.x) builds its scheduler here by the module-level name and, outside burst mode,
@@ -221,21 +212,14 @@ class GgpoWorker(Worker):
         shown = progress.current()
         if shown is not None:
             shown.note(f"{job.description or job.id}")
-        self.ledger_link.before_fork()
-        self._horse_status = None
+        self.prepare_execution(job)
         try:
-            return super().execute_job(job, queue)
+            with _Heartbeat(self, job):
+                self.perform_job(job, queue)
         finally:
-            if self.ledger_link.holding:
-                self.ledger_link.after_job(self._horse_status, finished=_finished(job))
+            self.set_state(WorkerStatus.IDLE)
             if shown is not None:
                 shown.advance(note=f"{job.description or job.id} submitted; {queue.count} waiting")
-
-    def wait_for_horse(self) -> tuple[int | None, int | None, Any]:
-        pid, status, rusage = super().wait_for_horse()
-        if pid:
-            self._horse_status = status
-        return pid, status, rusage
 
     def run_maintenance_tasks(self) -> None:
         super().run_maintenance_tasks()
@@ -248,34 +232,54 @@ class GgpoWorker(Worker):
             self.log.exception("reconcile cycle failed")
 
 
-def _finished(job: Any) -> bool:
-    """Whether RQ recorded the job as finished (not failed, not gone)."""
-    try:
-        return job.get_status(refresh=True) == JobStatus.FINISHED
-    except Exception:  # no such job any more, Redis unreachable: not known to have finished
-        return False
+class _Heartbeat:
+    """Renews the worker's, the job's and its execution's heartbeats every `job_monitoring_interval`
+    while a job runs in the worker (a slow sbatch, a debug payload's training), from a thread:
+    what RQ's forking worker does while it waits for its work horse. Other hosts' reconcile takes
+    a worker whose heartbeat stopped for dead, and settles its `submitting` attempt as lost."""
+
+    def __init__(self, worker: BaseWorker, job: Any) -> None:
+        self._worker, self._job = worker, job
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="rq-heartbeat", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._worker.job_monitoring_interval):
+            try:
+                self._worker.maintain_heartbeats(self._job)
+            except Exception as exc:  # Redis away for a moment: the next beat retries
+                log.warning("heartbeat not sent: %s", exc)
 
 
 def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: str | None = None,
                reconcile_interval: int = 30, settle_timeout: float = 3600.0) -> bool:
     """Work the queues; in burst mode, then wait (reconciling) until this queue's attempts have ended."""
+    from .executor.forked import serve_a_worker
     from .executor.payload import preload_payloads
     from .queue import connect as redis_connect
 
     global _process
-    # `kill -QUIT` prints where the worker and its job (which inherits this) are, every thread.
+    # `kill -QUIT` prints where the worker is, every thread (a debug payload's process inherits it).
     faulthandler.register(signal.SIGQUIT, all_threads=True)
-    # One engine for the worker and the jobs it forks; schema checked once. Its connections are
-    # not pinged when taken from the pool: the link checks the one jobs share before each fork.
+    # One engine for the worker's life, schema checked once. Its connections are not pinged when
+    # taken from the pool (a round trip per transaction): one that died fails its first statement,
+    # and the ledger's retry reconnects.
     ledger = connect(settings.db_url, pre_ping=False)
+    serve_a_worker()  # what executors start on this host, they start from a process forked for it
     if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:
-        preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every forked job
-    _warm(ledger)
-    link = ForkLink(ledger.engine)
-    _process = _WorkerProcess(settings, ledger, os.getpid(), link)
+        preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every payload's process
+    _process = _WorkerProcess(settings, ledger)
     conn = redis_connect(settings.redis_url)
     worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
-                        serializer=JSONSerializer, name=name, settings=settings, link=link,
+                        serializer=JSONSerializer, name=name, settings=settings,
                         maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
     if not burst:
         return worker.work(burst=False, with_scheduler=True)
@@ -293,41 +297,6 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
                 return worked
             shown.note("runs deferred by the quota are due: taking them")
             time.sleep(min(settings.defer_seconds, 5))
-
-
-def _warm(ledger: Ledger) -> None:
-    """Do once, before forking, what every job would otherwise do first: import the executors,
-    and rehearse a submission's ledger transitions (rolled back: nothing is kept) so the engine
-    has compiled their statements. Each forked job inherits all of it ready (about half of a
-    job's own time otherwise)."""
-    import submitit  # noqa: F401  (every executor submits through it)
-
-    from .executor import debug, local  # noqa: F401  (the registry imports backends lazily)
-    from .ledger import NewRun
-    from .ledger.schema import utcnow
-
-    key = "ggpo-worker-rehearsal"
-    now = utcnow()
-    # the columns settlement books for a job that ended without its record (one compiled UPDATE each)
-    end = {"attempt_state": "failed", "run_state": "failed", "reason": key, "started_at": now, "ended_at": now,
-           "elapsed_seconds": 0.0, "gpu_hours_job": 0.0, "scheduler_state": "FAILED", "exit_code": "1"}
-    with ledger.rehearsal() as twin:
-        runs = [NewRun(run_key=f"{key}-{i}", arm="a", seed=i, config_hash="-", run_spec={}) for i in (0, 1)]
-        twin.create_experiment(name=key, version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
-                               actor=key, runs=runs)
-        for i, run in enumerate(runs):  # a debug job (submitted and ended in one transaction), then any other
-            att = twin.begin_submission(run.run_key, actor=key, worker=key,
-                                        plan=lambda _spec, _queue: AttemptPlan("debug", 1)).attempt
-            assert att is not None
-            twin.attempt_state(run.run_key, att.number)
-            if i == 1:
-                twin.mark_submitted(run.run_key, att.number, job_id="0", actor=key)
-            twin.settle_attempt(run.run_key, att.number, lambda _run, _att: end, actor=key,
-                                job_id="0" if i == 0 else None)
-    # The pool is left empty: on SQLite each job opens its own connection (one is never carried
-    # across a fork), and on PostgreSQL the link opens the one its jobs share at the first fork.
-    ledger.engine.dispose()
-    gc.freeze()  # the worker's own objects stay out of every job's garbage collections
 
 
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:

@@ -233,24 +233,6 @@ def test_begin_submission_follows_the_latest_attempt(ledger) -> None:  # type: i
     assert ledger.attempt_state(key, 2) == "failed" and ledger.attempt_state(key, 4) is None
 
 
-def test_a_rehearsal_runs_the_workers_transitions_and_keeps_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
-    """A worker rehearses a job's transitions (ORM sessions and Core transactions alike) inside
-    one transaction that is rolled back: its statements are compiled, no row is kept."""
-    from ggpo_batch.ledger.attempts import AttemptPlan
-
-    ledger.retry_seconds = 0  # a transaction outside the rehearsal would wait on its lock: fail at once
-    with ledger.rehearsal() as twin:
-        runs = [NewRun(run_key="r-0", arm="a", seed=0, config_hash="-", run_spec={})]
-        twin.create_experiment(name="r", version=1, method="ggpo", source="spec", spec_hash="-", spec={}, gpus=1,
-                               actor="r", runs=runs)
-        att = twin.begin_submission("r-0", actor="r", worker="r", plan=lambda _s, _q: AttemptPlan("debug", 1)).attempt
-        assert twin.attempt_state("r-0", att.number) == "submitting"
-        twin.settle_attempt("r-0", att.number, lambda _r, _a: {"attempt_state": "failed", "run_state": "failed"},
-                            actor="r", job_id="0")
-        assert twin.get_run("r-0").state == "failed"
-    assert ledger.experiments() == [] and ledger.runs() == [] and ledger.events() == []
-
-
 def _round_trips(ledger, work) -> int:  # type: ignore[no-untyped-def]
     """How many times `work()` waited for PostgreSQL: the Sync and simple Query messages that libpq's
     trace of the pool's one connection shows the client sending."""

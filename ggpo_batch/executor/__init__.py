@@ -43,7 +43,8 @@ def _slurm(jobs_dir: Path, profile: str, repo_dir: Path, local_tasks: int, redis
 EXECUTORS: Mapping[str, Callable[[Path, str, Path, int, str | None], Executor]] = {"slurm": _slurm, "local": _local,
                                                                         "debug": _debug}
 EXECUTOR_NAMES = tuple(EXECUTORS)
-# Executors whose attempt runs inside the worker's forked job (the others hand it to a scheduler).
+# Executors whose attempt trains on the submitting host, in a process forked from the worker for
+# it (the others hand it to a scheduler).
 IN_PROCESS_EXECUTORS = frozenset({"debug"})
 
 

@@ -1,7 +1,9 @@
-"""The `debug` executor: submitit's DebugExecutor, the run inside the calling process, one rank.
+"""The `debug` executor: submitit's DebugExecutor, the run on this host, one rank.
 
 For tests and for stepping through a run with a debugger. `submit` returns after the run ended;
-a debug job exists only in the process that ran it, so any other process polls it as LOST.
+a debug job exists only in the process that submitted it, so any other process polls it as LOST.
+The payload runs inside the calling process (a debugger can step into it), except in a worker,
+where it runs in a process forked for it (executor/forked.py).
 """
 
 from __future__ import annotations
@@ -9,12 +11,17 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
+
+import submitit  # here, not in the call: a worker forks each call, which would import it again
 
 from ..allocation import record_path
+from ..errors import ExecutorError
 from ..runspec import RunSpec
+from . import forked
 from .base import Executor, JobInfo
 from .payload import make_payload
 
@@ -29,23 +36,25 @@ class DebugExecutor(Executor):
         self._done: dict[str, JobInfo] = {}
 
     def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
-        import submitit
-
         folder.mkdir(parents=True, exist_ok=True)
         job_id = f"debug-{int(time.time())}-{next(_ids)}"
-        ex = submitit.DebugExecutor(folder=folder)
         start = datetime.now(UTC)
         t0 = time.monotonic()
-        job = ex.submit(make_payload(spec, record_path(folder)))
-        # exception() runs the job without DebugJob.results()'s post-mortem debugger prompt.
-        exc = job.exception()
+        payload = make_payload(spec, record_path(folder))
+        if forked.in_worker():
+            try:
+                error = forked.call_forked(lambda: _run(folder, payload) or "", own_group=False) or None
+            except ExecutorError as exc:  # its process died (the OOM killer, a signal)
+                error = str(exc)
+        else:
+            error = _run(folder, payload)
         elapsed = time.monotonic() - t0
-        if exc is not None:
-            log.error("debug job %s failed: %s", job_id, exc)
-            (folder / "error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        if error is not None:
+            log.error("debug job %s failed: %s", job_id, error)
+            (folder / "error.txt").write_text(f"{error}\n")
         self._done[job_id] = JobInfo(
-            job_id=job_id, state="FAILED" if exc else "COMPLETED", start=start,
-            end=start + timedelta(seconds=elapsed), elapsed_seconds=elapsed, exit_code="1" if exc else "0",
+            job_id=job_id, state="FAILED" if error else "COMPLETED", start=start,
+            end=start + timedelta(seconds=elapsed), elapsed_seconds=elapsed, exit_code="1" if error else "0",
         )
         return job_id
 
@@ -58,3 +67,10 @@ class DebugExecutor(Executor):
 
     def cancel(self, job_id: str) -> None:
         self._done.setdefault(job_id, JobInfo(job_id=job_id, state="CANCELLED"))
+
+
+def _run(folder: Path, payload: Callable[[], Any]) -> str | None:
+    """Run `payload` as a submitit debug job in this process: None, or what it raised."""
+    # exception() runs the job without DebugJob.results()'s post-mortem debugger prompt.
+    exc = submitit.DebugExecutor(folder=folder).submit(payload).exception()
+    return None if exc is None else f"{type(exc).__name__}: {exc}"

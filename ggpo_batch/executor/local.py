@@ -13,10 +13,13 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
+import submitit
+
 from ..allocation import alloc_start_export, record_path
 from ..errors import ExecutorError
 from ..netutil import free_port
 from ..runspec import RunSpec
+from . import forked
 from .base import Executor, JobInfo
 from .payload import make_payload
 
@@ -61,9 +64,21 @@ class LocalExecutor(Executor):
         existing = self.find(spec, attempt, folder)
         if existing is not None:
             return existing
-        import submitit
-
         folder.mkdir(parents=True, exist_ok=True)
+        if forked.in_worker():  # the controller an orphan of its own group, not the worker's child
+            job_id = forked.call_forked(lambda: self._start(spec, folder)[0], own_group=True)
+        else:
+            job_id, job = self._start(spec, folder)
+            self._jobs[job_id] = job
+        self._index.mkdir(parents=True, exist_ok=True)
+        (self._index / job_id).write_text(str(folder))
+        tmp = self._marker(folder).with_suffix(".tmp")
+        tmp.write_text(job_id)
+        tmp.replace(self._marker(folder))
+        return job_id
+
+    def _start(self, spec: RunSpec, folder: Path) -> tuple[str, object]:
+        """Start submitit's controller for the run: (its job id, the submitit LocalJob)."""
         ex = submitit.LocalExecutor(folder=folder)
         # The controller's shell exports the start time, so the job's clock starts with the "allocation".
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
@@ -71,14 +86,7 @@ class LocalExecutor(Executor):
         ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
                              setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}"])
         job = ex.submit(make_payload(spec, record_path(folder)))
-        job_id = str(job.job_id)
-        self._jobs[job_id] = job
-        self._index.mkdir(parents=True, exist_ok=True)
-        (self._index / job_id).write_text(str(folder))
-        tmp = self._marker(folder).with_suffix(".tmp")
-        tmp.write_text(job_id)
-        tmp.replace(self._marker(folder))
-        return job_id
+        return str(job.job_id), job
 
     def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:
         if folder is None:

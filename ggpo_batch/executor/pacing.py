@@ -6,8 +6,8 @@ Every sbatch here first takes one token from a bucket of the same shape (`Submit
 cluster in its profile: `submit_burst`, `submit_rate_per_s`).
 
 The bucket lives in Redis (`RedisBucket`) whenever workers run: the limit is per user across every
-host that submits, RQ forks a fresh work horse per job (an in-process bucket would start full for
-every job), and the workers already share that Redis for the queue. `LocalBucket` is for one
+host that submits, each worker is a process of its own (an in-process bucket would start full in
+every one), and the workers already share that Redis for the queue. `LocalBucket` is for one
 process without Redis (the CLI's inline mode, tests, the benchmark's own baseline).
 """
 

@@ -27,7 +27,7 @@ def make_payload(spec: RunSpec, output: Path) -> Callable[[], Any]:
 
 def preload_payloads() -> bool:
     """Import what the training payloads import (torch, DeepSpeed, the trainer) in this process, so
-    jobs it forks start with them loaded; False where the train extra is not installed (a
+    payload processes it forks start with them loaded; False where the train extra is not installed (a
     submit-only worker, whose jobs never train here)."""
     try:
         from ..train.job import preload

@@ -31,8 +31,8 @@ _NEW_ATTEMPT = ("run_id", "number", "executor", "state", "gpus", "submitted_by",
 _ATT_WRITE = ("state", "reason", "job_id", "submitted_at", "started_at", "ended_at", "elapsed_seconds",
               "gpu_hours_job", "gpu_hours_scheduler", "scheduler_state", "exit_code")
 
-# The statements of a worker's job, built once: a forked job that built its own would pay for
-# every SQLAlchemy object it touches (copy-on-write page faults), about a third of its ledger time.
+# The statements of a worker's job, built once per process rather than once per job (building
+# them cost about a third of a job's ledger time).
 # Values travel as parameters; an UPDATE's SET columns are the keys of its parameters.
 _RUN_ROW = (select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == bindparam("key"))
             .with_for_update())

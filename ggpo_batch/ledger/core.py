@@ -4,7 +4,6 @@ and the event helper every transition uses. The transitions themselves live in t
 
 from __future__ import annotations
 
-import copy
 import fcntl
 import functools
 import logging
@@ -13,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine, func, select
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -89,7 +88,6 @@ class LedgerCore:
         self.engine = engine
         self.retry_seconds = retry_seconds
         self._sessions = sessionmaker(engine, expire_on_commit=False)
-        self._rehearsing: Connection | None = None  # set on a rehearsal's twin: its outer connection
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -103,12 +101,7 @@ class LedgerCore:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """One transaction on a Core connection, without an ORM session: the worker's hot path
-        (a forked job pays for every object it touches, in copy-on-write page faults)."""
-        if self._rehearsing is not None:
-            with self._rehearsing.begin_nested():
-                yield self._rehearsing
-            return
+        """One transaction on a Core connection, without an ORM session: the worker's hot path."""
         with self.engine.begin() as conn:
             yield conn
 
@@ -119,14 +112,14 @@ class LedgerCore:
         the pipeline's closing sync, which psycopg always sends) instead of once per statement plus
         the COMMIT. An error in any of them is raised at the commit, which the transaction then
         rolls back whole, as it would one raised at its own statement. Nothing may be read inside,
-        and nothing may follow it: the transaction has ended. Elsewhere (SQLite, a rehearsal's
-        savepoint, another PostgreSQL driver) the statements run one by one and the transaction
+        and nothing may follow it: the transaction has ended. Elsewhere (SQLite, another
+        PostgreSQL driver) the statements run one by one and the transaction
         ends as usual.
 
         After an error the connection is discarded, not returned to the pool: a pipeline aborted
         part-way can leave its session inside the transaction (seen once in 300 refused tails,
         the next user of the connection then failing with "connection in transaction status")."""
-        if self._rehearsing is not None or conn.dialect.driver != "psycopg":
+        if conn.dialect.driver != "psycopg":
             yield
             return
         try:
@@ -142,29 +135,12 @@ class LedgerCore:
         """A read that needs no transaction of its own. On PostgreSQL an autocommit connection: each
         statement sees what is committed, without the BEGIN and COMMIT round trips a transaction
         adds (two of a one-statement read's three). SQLite's reads are local: a transaction."""
-        if self._rehearsing is not None or self.engine.dialect.name != "postgresql":
+        if self.engine.dialect.name != "postgresql":
             with self.transaction() as conn:
                 yield conn
             return
         with self.engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             yield conn
-
-    @contextmanager
-    def rehearsal(self) -> Iterator[Self]:
-        """A copy of this ledger whose transactions run as savepoints inside one outer transaction
-        that is rolled back at the end: nothing it does is kept, and the engine has compiled (and
-        cached) every statement it ran. A worker rehearses a submission so its forked jobs do not
-        each compile the same statements again."""
-        with self.engine.connect() as conn:
-            outer = conn.begin()
-            twin = copy.copy(self)
-            twin._sessions = sessionmaker(bind=conn, expire_on_commit=False,
-                                          join_transaction_mode="create_savepoint")
-            twin._rehearsing = conn
-            try:
-                yield twin
-            finally:
-                outer.rollback()
 
     @contextmanager
     def exclusive(self, name: str) -> Iterator[None]:

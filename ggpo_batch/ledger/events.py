@@ -12,7 +12,7 @@ from ..errors import LedgerError
 from ..states import REASON_TO_LEAVE, can_move
 from .schema import Event, Run, utcnow
 
-# Built once (a forked job pays for each object it builds). Inline: no RETURNING of the new id,
+# Built once, not per transition. Inline: no RETURNING of the new id,
 # which nothing reads, so the insert can be sent without waiting for a reply (commit_after).
 _INSERT_EVENT = insert(Event.__table__).inline()
 
@@ -37,7 +37,7 @@ def check_move(run: Run, to: str, reason: str | None) -> None:
 
 class RowEvents:
     """The events of a transition written as rows (Core) rather than ORM objects: the hot path of
-    a worker's job (ledger/attempts.py), where ORM flushes cost a forked process most of its time."""
+    a worker's job (ledger/attempts.py), where ORM flushes cost most of a job's ledger time."""
 
     def __init__(self, actor: str) -> None:
         self.actor = actor

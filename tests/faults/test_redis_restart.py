@@ -71,8 +71,8 @@ def test_redis_restarted_empty_loses_and_duplicates_nothing(ledger, db_url: str,
         # Redis dies and comes back empty (no persistence): queue, schedule and registries are gone.
         server.kill()
         server.wait()
-        # The worker and its work horse (RQ gives it a process group of its own) both die: a horse
-        # left alive would write its deferral into the new, empty Redis once it is back.
+        # The worker dies, and with it the job it was running: a job left alive would write its
+        # deferral into the new, empty Redis once it is back.
         worker.kill()
         server = _redis(port)
         q = RunQueue.from_url(redis_url, "rr")

@@ -1,4 +1,4 @@
-"""A real `ggpo-batch worker` in a subprocess, which a test can SIGKILL together with its work horse."""
+"""A real `ggpo-batch worker` in a subprocess, which a test can SIGKILL with every process it started."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def worker_environment(settings, **extra: str) -> dict[str, str]:  # type: ignor
 
 
 class WorkerProcess:
-    """A real `ggpo-batch worker` in its own process group (worker + work horse), logging to a file."""
+    """A real `ggpo-batch worker` in its own process group (the worker, its scheduler, a debug
+    payload's process), logging to a file."""
 
     def __init__(self, env: dict[str, str], log: Path, *, name: str, reconcile_interval: int = 5,
                  burst: bool = False) -> None:
@@ -43,10 +44,10 @@ class WorkerProcess:
         if needle not in self.text():
             raise AssertionError(f"worker exited ({self.proc.returncode}) before {needle!r}:\n{self.text()[-3000:]}")
 
-    def kill(self, *, horse_too: bool = True) -> None:
-        """SIGKILL the worker's group and (unless `horse_too` is False) the work horse's: RQ's horse
-        calls setpgrp(), so it has a process group of its own. Reap the worker, so it cannot look alive."""
-        groups = {self.proc.pid} | (_groups_below(self.proc.pid) if horse_too else set())
+    def kill(self) -> None:
+        """SIGKILL the worker's group and any group a process below it made of its own. Reap the
+        worker, so it cannot look alive."""
+        groups = {self.proc.pid} | _groups_below(self.proc.pid)
         _signal_groups(groups, signal.SIGKILL)
         self.proc.wait(timeout=30)
         for pgid in groups:
@@ -91,7 +92,7 @@ def _pgid_or_none(pid: int) -> int | None:
 
 
 def _groups_below(pid: int) -> set[int]:
-    """The process groups of `pid`'s live descendants (RQ's work horse makes its own)."""
+    """The process groups of `pid`'s live descendants (one may have made a group of its own)."""
     return {g for p in descendants(pid) if (g := _pgid_or_none(p)) is not None}
 
 
@@ -113,9 +114,9 @@ def _group_alive(pgid: int) -> bool:
 
 def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float,
                      verbose: bool = False) -> subprocess.CompletedProcess[bytes]:
-    """`ggpo-batch worker --burst ARGS` to its end. Past `timeout`, the worker and its work horse are
-    asked where they are (SIGQUIT: the worker's faulthandler prints every thread's stack, and the
-    horse inherits it), then killed, and the test fails with that output instead of a bare timeout."""
+    """`ggpo-batch worker --burst ARGS` to its end. Past `timeout`, the worker and a debug payload's
+    process are asked where they are (SIGQUIT: the worker's faulthandler prints every thread's
+    stack, and the payload's process inherits it), then killed, and the test fails with that output instead of a bare timeout."""
     proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", *(["-v"] if verbose else []), "worker", "--burst",
                              *args], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)

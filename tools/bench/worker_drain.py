@@ -4,9 +4,9 @@ Both sides run in fresh processes against the same real Redis, in this run:
 - raw: `rq worker --burst` (RQ's forking worker) draining N trivial jobs (`builtins.len`);
 - ours: `ggpo-batch worker --burst` draining N queued runs of the debug executor whose payload is a
   stub (it writes nothing and returns at once), so what is timed is the worker's own cost per run:
-  fork, ledger reads and transitions, the executor call, settlement. (A real debug-executor worker
-  also preloads torch and DeepSpeed once, which makes each fork about 25 ms dearer; the stub
-  needs neither.)
+  ledger reads and transitions, the executor call (the fork of the payload's process), settlement.
+  (A real debug-executor worker also preloads torch and DeepSpeed once, 470 MB, which makes each
+  payload's fork about 6 ms dearer, 8 ms instead of 2.5; the stub needs neither.)
 Prints jobs/s of each while draining (first job's start to last job's end, from RQ's and the
 ledger's own timestamps) and with each worker's start-up included, and ours / raw. Before the
 first round a short raw drain warms what both sides read from disk (Python, RQ, Redis). With
