@@ -20,6 +20,7 @@ def test_a_forked_call_returns_what_it_returned_from_another_process() -> None:
     assert int(pid) != os.getpid() and int(pgid) == os.getpgid(0)
     pid, pgid = call_forked(lambda: f"{os.getpid()} {os.getpgid(0)}", own_group=True).split()
     assert int(pgid) == int(pid) != os.getpgid(0)  # a group of its own, which what it starts inherits
+    assert call_forked(lambda: "x" * 300_000, own_group=False) == "x" * 300_000  # more than a pipe holds
 
 
 def test_a_forked_call_raises_what_went_wrong_in_it() -> None:

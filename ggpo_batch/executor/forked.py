@@ -58,20 +58,27 @@ def call_forked(fn: Callable[[], str], *, own_group: bool) -> str:
                 reply = "ok:" + fn()
             except BaseException as exc:  # noqa: BLE001 (reported to the parent, which raises it)
                 reply = f"error:{type(exc).__name__}: {exc}"
-            os.write(write_end, reply.encode(errors="replace"))
+            with os.fdopen(write_end, "wb") as pipe:
+                pipe.write(reply.encode(errors="replace"))
             code = 0
         finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)  # not the worker's exit handlers, nor its open connections' goodbyes
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except BaseException:  # noqa: BLE001, S110 (nothing may keep this process from leaving)
+                    pass
+            os._exit(code)  # never back into the worker's loop; nor its exit handlers, nor its connections' goodbyes
     os.close(write_end)
     try:
         with os.fdopen(read_end, "rb") as pipe:
             said = pipe.read().decode(errors="replace")
         _, status = os.waitpid(pid, 0)
     except BaseException:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):  # already reaped
+            pass
         raise
     if said.startswith("ok:"):
         return said[3:]
