@@ -7,9 +7,9 @@ returns; ending attempts is reconcile's work, which every worker runs as an RQ m
 The worker runs each job in its own process, without RQ's fork per job: a job is a few ledger
 transitions and one submission, and a forked process paid for its copy-on-write pages and cold
 caches most of a job's time (tools/bench/worker_drain.py, PostgreSQL: 0.43 of raw RQ's rate
-forking each job, 0.73 forking only the stub payload). What must not run in the worker is a payload that trains in the
-calling process (the debug executor's), nor a local job as the worker's child: those start from
-a process forked for them (executor/forked.py).
+forking each job, 0.73 forking only the stub payload). What must not run in the worker is a
+payload that trains in the calling process (the debug executor's), nor a local job as the
+worker's child: those start from a process forked for them (executor/forked.py).
 """
 
 from __future__ import annotations

@@ -41,6 +41,7 @@ def call_forked(fn: Callable[[], str], *, own_group: bool) -> str:
     interrupted while it waits (its RQ job's timeout, a cold shutdown), the child is killed
     first. Raises ExecutorError if `fn` raised or the child died without answering."""
     read_end, write_end = os.pipe()
+    parent = os.getpid()
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -50,6 +51,8 @@ def call_forked(fn: Callable[[], str], *, own_group: bool) -> str:
             gc.freeze()
             os.close(read_end)
             signal_at_parent_death(signal.SIGKILL)
+            if os.getppid() != parent:  # the worker died before the request took effect
+                raise SystemExit(1)
             if own_group:
                 os.setpgrp()
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C asks the worker, not this, to stop
@@ -67,7 +70,8 @@ def call_forked(fn: Callable[[], str], *, own_group: bool) -> str:
                     stream.flush()
                 except BaseException:  # noqa: BLE001, S110 (nothing may keep this process from leaving)
                     pass
-            os._exit(code)  # never back into the worker's loop; nor its exit handlers, nor its connections' goodbyes
+            # Never back into the worker's loop; nor its exit handlers, nor its connections' goodbyes.
+            os._exit(code)
     os.close(write_end)
     try:
         with os.fdopen(read_end, "rb") as pipe:
