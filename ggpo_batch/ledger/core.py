@@ -113,8 +113,7 @@ class LedgerCore:
         the COMMIT. An error in any of them is raised at the commit, which the transaction then
         rolls back whole, as it would one raised at its own statement. Nothing may be read inside,
         and nothing may follow it: the transaction has ended. Elsewhere (SQLite, another
-        PostgreSQL driver) the statements run one by one and the transaction
-        ends as usual.
+        PostgreSQL driver) the statements run one by one and the transaction ends as usual.
 
         After an error the connection is discarded, not returned to the pool: a pipeline aborted
         part-way can leave its session inside the transaction (seen once in 300 refused tails,
