@@ -4,7 +4,6 @@ exit 4). Command modules import from here; `cli/__init__` gathers them."""
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from collections.abc import Callable
@@ -236,8 +235,11 @@ def invoked_command() -> str:
 pass_app = click.make_pass_decorator(App, ensure=True)
 
 
-def echo_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+def echo_json(kind: str, data: Any) -> None:
+    """Print `data` as the `kind` document of ggpo_batch/schemas.py (with its schema number)."""
+    from ..schemas import dumps
+
+    click.echo(dumps(kind, data))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

@@ -57,7 +57,7 @@ def db_current(app: App, as_json: bool) -> None:
     info = {"url": redact(engine.url.render_as_string(hide_password=True)), "current": current_revision(engine),
             "head": head_revision()}
     if as_json:
-        echo_json(info)
+        echo_json("db_current", info)
     else:
         click.echo(f"{info['url']}: at {info['current'] or 'empty'}, code needs {info['head']}")
 
@@ -86,7 +86,7 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
     with progress.shown():
         rep = import_results(app.ledger(), file, actor=app.settings.user, name=name, method=method)
     if as_json:
-        echo_json(rep.__dict__)
+        echo_json("ledger_import", rep.__dict__)
         return
     verb = "imported" if rep.created else "already in the ledger, nothing changed:"
     click.echo(f"{verb} {rep.experiment} v{rep.version}: {rep.runs} runs, "
@@ -174,11 +174,14 @@ def _positions(app: App):  # type: ignore[no-untyped-def]
 
 
 def _stream_json(experiments, decided) -> None:  # type: ignore[no-untyped-def]
-    """`{"experiments": [...], "decided": [...]}` written as it is read: one run row at a time."""
+    """`{"schema": N, "experiments": [...], "decided": [...]}` written as it is read: one run row at a
+    time, the schema number on the first line."""
+    from ..schemas import stream_head
+
     def write(text: str) -> None:
         click.echo(text, nl=False)
 
-    write('{"experiments": [')
+    write(stream_head("status") + ', "experiments": [')
     for i, (summary, rows) in enumerate(experiments):
         head = json.dumps(summary, sort_keys=True, default=str)
         write(("," if i else "") + "\n" + head[:-1] + ', "runs": [')

@@ -51,7 +51,7 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
         return tuple(f for f in attempt_logs(jobs_dir, run, att, rank).files if f.stream in streams)
 
     if as_json:
-        echo_json(attempt_logs(jobs_dir, run, att, rank).to_dict())
+        echo_json("logs", attempt_logs(jobs_dir, run, att, rank).to_dict())
         return
     if not follow:
         files = current()

@@ -62,7 +62,7 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
                                         actor=app.settings.user, command=command, output=out, seeds=seed_list,
                                         corpus=corpus, corpus_sha256=corpus_sha256))
     if as_json:
-        echo_json([r.__dict__ for r in results])
+        echo_json("nightly", {"nights": [r.__dict__ for r in results]})
         return
     for r in results:
         if r.ran:
@@ -79,7 +79,7 @@ def component_status_view(app: App, *, nights: int, threshold: float, as_json: b
     data = component_status(app.ledger(), cron=suite.schedule.cron, nights=nights, threshold=threshold,
                             methods=suite.methods)
     if as_json:
-        echo_json({"components": data})
+        echo_json("components", {"components": data})
     else:
         print_components(data)
 

@@ -71,7 +71,7 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                            accept_cost_reason=reason if accept_cost else None, actor=app.settings.user)
     est = {e.run_key: e for e in res.estimate.runs} if res.estimate else {}
     if as_json:
-        echo_json({"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
+        echo_json("enqueue", {"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
                    "runs": [{"run_key": r.run_key, "arm": r.arm.name, "seed": r.seed, "gpus": r.gpus, "nodes": r.nodes,
                              "new": r.run_key in res.new_runs,
                              "estimated_gpu_hours": est[r.run_key].gpu_hours if r.run_key in est else None}
@@ -154,7 +154,7 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
         keys = [led.get_run(run_key).run_key]  # type: ignore[arg-type]
     done = cancel_runs(led, app.settings, keys, actor=app.settings.user, reason=reason)
     if as_json:
-        echo_json([c.__dict__ for c in done])
+        echo_json("cancel", {"cancelled": [c.__dict__ for c in done]})
         return
     for c in done:
         click.echo(f"cancelled {c.run_key} (was {c.was}" + (f", job {c.cancelled_job}" if c.cancelled_job else "") + ")")
@@ -200,7 +200,7 @@ def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_
             raise click.ClickException(f"{left} attempt(s) still active after {timeout:.0f} s")
     rep = reconcile_now(app.settings, names, actor=f"reconcile@{app.settings.user}")
     if as_json:
-        echo_json(rep.__dict__)
+        echo_json("reconcile", rep.__dict__)
     else:
         click.echo(f"polled {rep.polled}, ended {rep.ended}, started {rep.started}, resolved "
                    f"{rep.resolved_submitting} unsubmitted, re-queued {rep.requeued}; {rep.active} active")

@@ -88,12 +88,13 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
             plot_paths += [str(p) for p in write_plots(rep, plot_dir / ("ab"[i] if cmp else ""))]
     data: Mapping[str, Any] = cmp if cmp is not None else reps[0]
     if fmt == "json":
+        kind = "report_comparison" if cmp is not None else "report"
         if output is None:
-            echo_json({**data, "plots": plot_paths})
+            echo_json(kind, {**data, "plots": plot_paths})
         else:
-            import json
+            from ..schemas import dumps
 
-            _write(json.dumps({**data, "plots": plot_paths}, indent=2, sort_keys=True, default=str) + "\n", output)
+            _write(dumps(kind, {**data, "plots": plot_paths}) + "\n", output)
         return
     if cmp is not None:
         print_comparison(cmp)
@@ -231,7 +232,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
                                 cost_basis=cost_basis, cost_type=cost_type, available_budget=available_budget,
                                 estimated_gpu_hours=estimated_gpu_hours)
     if as_json:
-        echo_json({"decision": decision_row(out.decision), "runs_not_reproduced": list(out.runs_not_reproduced)})
+        echo_json("decide", {"decision": decision_row(out.decision), "runs_not_reproduced": list(out.runs_not_reproduced)})
         return
     click.echo(f"decided: {experiment} not reproduced (high cost), by {app.settings.user}; "
                f"{len(out.runs_not_reproduced)} queued runs marked not_reproduced")

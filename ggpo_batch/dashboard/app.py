@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from .. import limits
 from ..config import Settings
 from ..errors import GgpoError, LedgerError
+from ..schemas import versioned
 from ..states import RUN_STATES
 from . import views
 from .access import TokenGate, is_local, scrub
@@ -206,22 +207,24 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
             ledger, nights=nights, threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6))["components"])
 
     def api_status(request: Request) -> Response:
-        return api(views.status_document(ledger, settings, **_status_args(request)))
+        return api(versioned("status", views.status_document(ledger, settings, **_status_args(request))))
 
     def api_components(request: Request) -> Response:
         nights = int(_float_arg(request, "nights", views.NIGHTS, 1, 365))
-        return api(views.nightly_view(ledger, nights=nights,
-                                      threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6)))
+        return api(versioned("components", views.nightly_view(
+            ledger, nights=nights, threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6))))
 
     def api_experiment(request: Request) -> Response:
         from ..reporting.report import experiment_report
 
         name, version = _name(request), _version(request)
         live = views.experiment_live(ledger, settings, name, version)
-        return api({"status": live, "report": experiment_report(ledger, name, version=live["version"])})
+        return api(versioned("dashboard_experiment",
+                             {"status": live, "report": experiment_report(ledger, name, version=live["version"])}))
 
     def api_run(request: Request) -> Response:
-        return api(views.run_view(ledger, settings, _name(request, "run_key", limits.run_key_problem)))
+        return api(versioned("dashboard_run",
+                             views.run_view(ledger, settings, _name(request, "run_key", limits.run_key_problem))))
 
     routes = [
         Route("/", handled(index)),

@@ -24,7 +24,6 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("csv", "json")
 TABLES = ("runs", "attempts")
-EXPORT_SCHEMA = 1
 
 RUN_COLUMNS: tuple[str, ...] = (
     "experiment", "version", "method", "source", "queue", "run_key", "arm", "seed", "state", "attempts",
@@ -141,16 +140,17 @@ def export_ledger(ledger: Ledger, out: TextIO, *, fmt: str, table: str | None = 
         name = table or "runs"
         return write_csv(iter_rows(ledger, name, experiment), RUN_COLUMNS if name == "runs" else ATTEMPT_COLUMNS,
                          out)
-    # JSON, written as it is read (keys in sorted order, as json.dump(sort_keys=True) would).
+    # JSON, written as it is read; its schema number first (ggpo_batch/schemas.py).
+    from ..schemas import stream_head
+
     n = 0
-    out.write("{")
-    for name in ("attempts", "runs"):
-        if table not in (None, name):
-            continue
-        out.write(f'"{name}": [')
+    names = [name for name in ("attempts", "runs") if table in (None, name)]
+    out.write(stream_head("ledger_export"))
+    for name in names:
+        out.write(f', "{name}": [')
         for i, row in enumerate(iter_rows(ledger, name, experiment)):
             out.write(("," if i else "") + "\n " + json.dumps(row, sort_keys=True, allow_nan=False))
             n += 1
-        out.write("\n], ")
-    out.write(f'"schema": {EXPORT_SCHEMA}}}\n')
+        out.write("\n]")
+    out.write("}\n")
     return n

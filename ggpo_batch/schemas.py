@@ -1,0 +1,129 @@
+"""The shapes of machine-readable output: every `--json` document (and the dashboard's API) carries
+`"schema": N`, where N is its kind's number here. A shape changes only with its number.
+
+One home for the numbers, for what each document is, and for which of its objects are maps keyed by
+data (arm names, seeds, states) rather than by fields: `key_paths` folds those keys to `*`, so the
+shape of a document is its set of field paths. `tests/test_json_schemas.py` records the shape of
+every number it has seen (`tests/data/json_shapes.json`, append-only) and fails when a document's
+shape differs from the one recorded for its number; `docs/json.md` is generated from that record.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Schema:
+    number: int
+    produced_by: str  # the command (or API route) that prints it
+    description: str
+    # Dotted paths (lists are transparent, `*` stands for any key) of the objects keyed by data.
+    maps: tuple[str, ...] = ()
+
+
+_ARM_FIGURES = ("arms", "arms.*.states", "totals.states")
+_STATUS_MAPS = tuple(f"experiments.{p}" for p in _ARM_FIGURES)
+_REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_templates", "paired_vs_baseline")
+
+SCHEMAS: dict[str, Schema] = {
+    "status": Schema(1, "ggpo-batch status --json; GET /api/status",
+                     "Per experiment version: totals and per-arm figures, the runs listed; then the experiments "
+                     "decided before anything was queued. Streamed: `schema` is on the first line.",
+                     _STATUS_MAPS),
+    "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
+                         "The nightly component tier per method: last nights, moved metrics, missed nights.",
+                         ("components", "components.*.nights.metrics", "components.*.moved")),
+    "report": Schema(1, "ggpo-batch report NAME --json (or --format json)",
+                     "One experiment's outcome per arm with intervals, paired differences, cost; warnings first.",
+                     _REPORT_MAPS),
+    "report_comparison": Schema(1, "ggpo-batch report A B --json",
+                                "Two experiments (or versions) side by side.",
+                                ("arms", "paired_vs_baseline",
+                                 *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS))),
+    "enqueue": Schema(1, "ggpo-batch enqueue SPEC --json", "The runs expanded from a spec, what was queued, the "
+                      "cost estimate and the preflight's facts.", ("preflight",)),
+    "cancel": Schema(1, "ggpo-batch cancel --json", "The runs cancelled and what each was before."),
+    "reconcile": Schema(1, "ggpo-batch reconcile --json", "What one reconcile pass polled, ended, started and "
+                        "put back on the queue."),
+    "decide": Schema(1, "ggpo-batch decide NAME --not-reproduced --json", "The decision recorded and the queued "
+                     "runs it marked not_reproduced."),
+    "logs": Schema(1, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes), no content."),
+    "nightly": Schema(1, "ggpo-batch nightly --json", "Each method's night: whether it ran, its artifact and "
+                      "record, or who had already claimed it."),
+    "db_current": Schema(1, "ggpo-batch db current --json", "The ledger's schema revision and the one this code "
+                         "needs."),
+    "ledger_import": Schema(1, "ggpo-batch ledger import FILE --json", "The experiment an import created (or found "
+                            "already there) and its GPU-hours."),
+    "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
+                            "notebook. Streamed: `schema` is on the first line."),
+    "dashboard_experiment": Schema(1, "GET /api/experiments/NAME", "The experiment page's live table "
+                                   "(`status`) and its report (`report`).",
+                                   ("status.arms", "status.arms.*.states", "status.totals.states",
+                                    *(f"report.{p}" for p in _REPORT_MAPS))),
+    "dashboard_run": Schema(1, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats and log tails, its events."),
+}
+
+
+def versioned(kind: str, payload: Mapping[str, Any]) -> dict[str, Any]:
+    """`payload` with its kind's `"schema": N`."""
+    return {"schema": SCHEMAS[kind].number, **payload}
+
+
+def stream_head(kind: str) -> str:
+    """The opening of a streamed document, on its first line: `{"schema": N` (the caller goes on
+    with `, "field": ...`)."""
+    return f'{{"schema": {SCHEMAS[kind].number}'
+
+
+def key_paths(kind: str, document: Any) -> set[str]:
+    """The shape of `document`: the dotted path of every field (lists transparent, the keys of the
+    kind's data-keyed maps folded to `*`)."""
+    maps = {tuple(m.split(".")) for m in SCHEMAS[kind].maps}
+    return set(_paths(document, (), maps))
+
+
+def _paths(value: Any, where: tuple[str, ...], maps: set[tuple[str, ...]]) -> Iterator[str]:
+    if isinstance(value, list):
+        for item in value:
+            yield from _paths(item, where, maps)
+        return
+    if not isinstance(value, dict):
+        return
+    keyed_by_data = any(_matches(where, m) for m in maps)
+    for key, item in value.items():
+        step = "*" if keyed_by_data else str(key)
+        path = (*where, step)
+        yield ".".join(path)
+        yield from _paths(item, path, maps)
+
+
+def _matches(where: tuple[str, ...], pattern: tuple[str, ...]) -> bool:
+    return len(where) == len(pattern) and all(p in ("*", w) for w, p in zip(where, pattern))
+
+
+def markdown(recorded: Mapping[str, Mapping[str, Iterable[str]]]) -> str:
+    """The reference page of every kind's current shape (`docs/json.md`), from the recorded shapes."""
+    lines = ["# Machine-readable output", "",
+             "Every `--json` document and every dashboard API response carries `\"schema\": N`. A document's",
+             "shape (the fields below) changes only with its number; a script checks the number it reads.",
+             "Lists are transparent in the paths (`runs.state` is the `state` of each element of `runs`); `*`",
+             "stands for a key that is data (an arm name, a seed, a state). Generated from",
+             "`ggpo_batch/schemas.py` and `tests/data/json_shapes.json` by `tests/test_json_schemas.py`",
+             "(`GGPO_RECORD_JSON_SHAPES=1` records a new number's shape; a recorded one never changes).", ""]
+    for kind, schema in SCHEMAS.items():
+        paths = sorted(recorded.get(kind, {}).get(str(schema.number), ()))
+        lines += [f"## `{kind}`, schema {schema.number}", "", f"{schema.description}", "",
+                  f"Printed by: {schema.produced_by}.", "", "```"]
+        lines += paths or ["(not recorded yet)"]
+        lines += ["```", ""]
+    return "\n".join(lines)
+
+
+def dumps(kind: str, payload: Mapping[str, Any]) -> str:
+    """`versioned(kind, payload)` as the CLI prints it (sorted keys, indented)."""
+    return json.dumps(versioned(kind, payload), indent=2, sort_keys=True, default=str)

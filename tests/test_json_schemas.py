@@ -1,0 +1,193 @@
+"""Every machine-readable document carries its schema number, and its shape changes only with it.
+
+One ledger holds what every document can show (an imported experiment of 15 succeeded runs, a
+spec's runs queued on Redis, a failed one, a running one with a heartbeat, one with a log, a
+decision, a nightly component record); each `--json` command and dashboard API prints its
+document over it, on SQLite and on PostgreSQL. The shape of each (its field paths,
+`ggpo_batch.schemas.key_paths`) must equal the shape recorded for its number in
+tests/data/json_shapes.json. That file is append-only: a number's shape, once recorded, never
+changes. A new number's shape is recorded by running this module with GGPO_RECORD_JSON_SHAPES=1;
+docs/json.md is generated from the record.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from ggpo_batch import schemas
+from ggpo_batch.cli import cli
+from ggpo_batch.heartbeat import Heartbeat
+from tests.dashboard.server import Dashboard, cli_env, get
+from tests.support.paths import DATA, REPO, SEED_000, SEED_003
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+SHAPES = DATA / "json_shapes.json"
+DOC = REPO / "docs" / "json.md"
+RECORD = os.environ.get("GGPO_RECORD_JSON_SHAPES") == "1"
+
+SPEC = """
+schema = 1
+[experiment]
+name = "queued-exp"
+method = "ggpo"
+seeds = [1, 2, 3, 4]
+gpus = 4
+loop_budget_seconds = 5
+executor = "debug"
+[arms.clean]
+exposure = "none"
+[arms.paired]
+exposure = "paired"
+exposed_items = 2
+templates = ["train_direct", "train_role"]
+"""
+
+
+def _cli(*args: str) -> str:
+    res = CliRunner().invoke(cli, list(args), catch_exceptions=False)
+    assert res.exit_code == 0, (args, res.output)
+    return res.output
+
+
+def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch,
+               ) -> dict[str, list[Any]]:
+    """kind -> the documents of that kind printed over one ledger holding a bit of everything."""
+    from ggpo_batch.ledger import connect
+
+    monkeypatch.setenv("GGPO_REDIS_URL", redis_url)
+    docs: dict[str, list[Any]] = {}
+
+    def add(kind: str, text: str) -> None:
+        docs.setdefault(kind, []).append(json.loads(text))
+
+    add("db_current", _cli("db", "upgrade") and _cli("db", "current", "--json"))
+    add("ledger_import", _cli("ledger", "import", str(SEED_000), "--name", "done-exp", "--json"))
+    spec = tmp_path / "queued-exp.toml"
+    spec.write_text(SPEC)
+    add("enqueue", _cli("enqueue", str(spec), "--dry-run", "--json"))
+    add("enqueue", _cli("enqueue", str(spec), "--json"))
+    add("decide", _cli("decide", "paper-full", "--not-reproduced", "--reason", "too costly", "--cost-basis",
+                       "the paper's setup", "--estimated-gpu-hours", "5000", "--json"))
+    led = connect(env["GGPO_DB_URL"])
+    keys = [r.run_key for r in led.runs() if r.experiment.name == "queued-exp"]
+    failed, running, cancelled = keys[0], keys[1], keys[2]
+    led.begin_attempt(failed, executor="debug", gpus=4, actor="t", worker="w")
+    led.resolve_submitting(failed, 1, job_id=None, actor="t", reason="refused", state="failed")
+    att = led.begin_attempt(running, executor="local", gpus=4, actor="t", worker="w")
+    led.mark_submitted(running, 1, job_id="4242", actor="t")
+    led.mark_running(running, 1, actor="t")
+    led.record_heartbeats([(att.id, Heartbeat(step=3, loop_seconds=2.5, budget_seconds=5.0, mean_reward=0.25,
+                                              tokens_per_second=100.0, updated_at=datetime.now(UTC).timestamp()))])
+    folder = Path(env["GGPO_DATA_DIR"]) / "jobs" / running / "attempt-1"
+    folder.mkdir(parents=True)
+    (folder / "4242_0_log.out").write_text("step 3\n")
+    (folder / "4242_0_log.err").write_text("")
+    night = led.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-01", actor="t")
+    led.finish_component_run(night.id, state="succeeded", record=json.loads(SEED_003.read_text()), seconds=12.0,
+                             commit="abc", dirty=False)
+    led.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-02", actor="t")
+    led.engine.dispose()
+    add("cancel", _cli("cancel", cancelled, "--json"))
+    add("logs", _cli("logs", running, "--json"))
+    add("nightly", _cli("nightly", "--night", "2026-12-02", "--json"))  # claimed already: nothing run
+    add("reconcile", _cli("reconcile", "--json"))
+    for args in ([], ["--runs", "--limit", "0"], ["-s", "failed"]):
+        add("status", _cli("status", "--json", *args))
+    add("components", _cli("status", "--components", "--json"))
+    add("report", _cli("report", "done-exp", "--json"))
+    add("report", _cli("report", "queued-exp", "--json"))
+    add("report_comparison", _cli("report", "done-exp", "queued-exp", "--json"))
+    add("ledger_export", _cli("ledger", "export", "--format", "json"))
+    dash = Dashboard(cli_env(**{k: v for k, v in os.environ.items() if k.startswith("GGPO_")}),
+                     tmp_path / "dashboard.log")
+    try:
+        for kind, route in (("status", "/api/status?runs=1&limit=0"), ("components", "/api/components"),
+                            ("dashboard_experiment", "/api/experiments/done-exp"),
+                            ("dashboard_experiment", "/api/experiments/queued-exp"),
+                            ("dashboard_run", f"/api/runs/{running}"), ("dashboard_run", f"/api/runs/{failed}")):
+            code, body = get(dash.url + route)
+            assert code == 200, (route, body)
+            add(kind, body)
+    finally:
+        dash.stop()
+    return docs
+
+
+def _first_line_has_schema(text: str, kind: str) -> bool:
+    return text.splitlines()[0].startswith(schemas.stream_head(kind) + ",")
+
+
+def _shape_problems(docs: dict[str, list[Any]], recorded: dict[str, dict[str, list[str]]]) -> list[str]:
+    """What is wrong with `docs` against the recorded shapes (with GGPO_RECORD_JSON_SHAPES=1, a number
+    not recorded yet is recorded in `recorded` instead)."""
+    problems = []
+    for kind, documents in docs.items():
+        number = schemas.SCHEMAS[kind].number
+        problems += [f"{kind}: a document says schema {d.get('schema')}, not {number}" for d in documents
+                     if d.get("schema") != number]
+        shape = set().union(*(schemas.key_paths(kind, d) for d in documents))
+        known = recorded.setdefault(kind, {}).get(str(number))
+        if known is None:
+            if RECORD:
+                recorded[kind][str(number)] = sorted(shape)
+                continue
+            problems.append(f"{kind}: no shape recorded for schema {number} (record it: GGPO_RECORD_JSON_SHAPES=1)")
+        elif set(known) != shape:
+            added, removed = sorted(shape - set(known)), sorted(set(known) - shape)
+            problems.append(f"{kind}: the shape of schema {number} changed (added {added}, removed {removed}): give "
+                            f"it a new number in ggpo_batch/schemas.py and record that one")
+    return problems
+
+
+def _recorded() -> dict[str, dict[str, list[str]]]:
+    return json.loads(SHAPES.read_text()) if SHAPES.exists() else {}
+
+
+def test_every_document_has_its_number_and_the_shape_recorded_for_it(env: dict[str, str], tmp_path: Path,
+                                                                     redis_url: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = _documents(env, tmp_path, redis_url, monkeypatch)
+    assert set(docs) == set(schemas.SCHEMAS), "a kind of document is not exercised here"
+    recorded = _recorded()
+    problems = _shape_problems(docs, recorded)
+    if RECORD:
+        SHAPES.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+        DOC.write_text(schemas.markdown(recorded))
+    assert not problems, "\n".join(problems)
+    assert DOC.read_text() == schemas.markdown(recorded), "docs/json.md is stale: GGPO_RECORD_JSON_SHAPES=1 rewrites it"
+    # Streamed documents say their number on the first line.
+    assert _first_line_has_schema(_cli("status", "--json", "--runs"), "status")
+    assert _first_line_has_schema(_cli("ledger", "export", "--format", "json"), "ledger_export")
+
+
+def test_a_changed_shape_or_number_is_caught() -> None:
+    """The check above on planted changes to a recorded status document: a field more in a run row,
+    a field less, a wrong number; more data of the same shape (another arm) is no change."""
+    doc = {"schema": 1, "experiments": [{"arms": {"a": {"runs": 1, "states": {"queued": 1}}},
+                                         "runs": [{"run_key": "k", "state": "queued"}]}], "decided": []}
+    assert "experiments.arms.*.states.*" in schemas.key_paths("status", doc)
+
+    base = schemas.key_paths("status", doc)
+    assert _shape_problems({"status": [doc]}, {"status": {"1": sorted(base)}}) == []
+    more_data = json.loads(json.dumps(doc))
+    more_data["experiments"][0]["arms"]["b"] = {"runs": 2, "states": {"failed": 1}}
+    assert _shape_problems({"status": [more_data]}, {"status": {"1": sorted(base)}}) == []
+    added = json.loads(json.dumps(doc))
+    added["experiments"][0]["runs"][0]["new_field"] = 1
+    [problem] = _shape_problems({"status": [added]}, {"status": {"1": sorted(base)}})
+    assert "added ['experiments.runs.new_field']" in problem and "new number" in problem
+    removed = json.loads(json.dumps(doc))
+    del removed["experiments"][0]["runs"][0]["state"]
+    [problem] = _shape_problems({"status": [removed]}, {"status": {"1": sorted(base)}})
+    assert "removed ['experiments.runs.state']" in problem
+    renumbered = {**doc, "schema": 7}
+    assert any("says schema 7" in p for p in _shape_problems({"status": [renumbered]}, {"status": {"1": sorted(base)}}))
+    assert base <= set(_recorded()["status"]["1"]), "the planted document is not a status document"
