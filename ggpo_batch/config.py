@@ -17,9 +17,6 @@ from pathlib import Path
 from .errors import ConfigError
 from .heartbeat import HUNG_AFTER_SECONDS
 
-# The checkout the package runs from (profiles, jobs, migrations live beside the package).
-REPO_DIR = Path(__file__).resolve().parent.parent
-
 APP_NAME = "ggpo-batch"
 MEMORY_REDIS = "memory://"  # embedded quick start: fakeredis, jobs run inline in the caller
 

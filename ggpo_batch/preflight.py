@@ -131,11 +131,10 @@ def _allocation(spec: ExperimentSpec, report: Report, profiles_dir: Path | None)
         from .executor import make_executor
 
         return int(inspect.signature(make_executor).parameters["local_tasks"].default), None
-    from .config import REPO_DIR
     from .executor.profile import load_profile
 
     try:
-        profile = load_profile(spec.profile, profiles_dir or REPO_DIR / "slurm" / "profiles")
+        profile = load_profile(spec.profile, profiles_dir)  # None: the profile search path (datafiles.py)
     except SpecError as exc:
         report.add("experiment.profile", exc.message)
         return spec.gpus, None

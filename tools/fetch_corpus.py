@@ -67,7 +67,7 @@ def fetch(dest: Path, cache: Path, python: str = sys.executable) -> Path:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dest", type=Path, default=Path("~/.cache/ggpo-batch/corpus").expanduser(),
-                    help="folder that receives hamlet_gut.txt (the path jobs/nightly-cpu.toml names)")
+                    help="folder that receives hamlet_gut.txt (the path the nightly-cpu suite names)")
     ap.add_argument("--cache", type=Path, default=None, help="where pip puts the sdist (default DEST/sdist)")
     args = ap.parse_args(argv)
     dest = args.dest.expanduser()

@@ -81,6 +81,7 @@ def _one_line(exc: click.UsageError) -> UsageLine:
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "dashboard": ("dashboard_cmds",),
     "db": ("ledger_cmds",), "status": ("ledger_cmds",),
+    "init": ("init_cmds",),
     "ledger": ("ledger_cmds", "report_cmds"),  # `ledger export` is report_cmds'
     "logs": ("logs_cmds",),
     "nightly": ("nightly_cmds",),

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..datafiles import search_path_text
+from ..nightly.suite import DEFAULT_SUITE
 from .app import App, cli, echo_json, invoked_command, pass_app
 
 if TYPE_CHECKING:
@@ -32,19 +34,20 @@ def _ints(value: str | None, param: str) -> tuple[int, ...] | None:
 @click.option("--corpus-sha256", help="Refuse the corpus unless its sha256 is this.")
 @click.option("--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Record JSON (default: DATA_DIR/nightly/NIGHT/component-METHOD-cpu-seedsA-B.json).")
-@click.option("--suite", "suite_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="Suite spec (default: jobs/nightly-cpu.toml).")
+@click.option("--suite", "suite_path", metavar="NAME|FILE",
+              help=f"Suite: a .toml file, or a name looked up in {search_path_text('suites')} "
+                   f"(default: {DEFAULT_SUITE}).")
 @click.option("--night", type=click.DateTime(formats=["%Y-%m-%d"]), help="Night to record (default: today, UTC).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record(s) as JSON.")
 @pass_app
 def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | None, corpus_sha256: str | None,
-            output: Path | None, suite_path: Path | None, night: datetime | None, as_json: bool) -> None:
+            output: Path | None, suite_path: str | None, night: datetime | None, as_json: bool) -> None:
     """Run the CPU component tier (l1_mechanism) once and record it: artifact + component-run row.
 
     At most once per method and night (the ledger refuses a second claim); no selection, no retries.
     """
     from ..nightly.night import artifact_path, run_method_night
-    from ..nightly.suite import DEFAULT_SUITE, load_suite
+    from ..nightly.suite import load_suite
 
     suite = load_suite(suite_path or DEFAULT_SUITE)
     seed_list = _ints(seeds, "--seeds") or suite.seeds
@@ -73,9 +76,9 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
 
 def component_status_view(app: App, *, nights: int, threshold: float, as_json: bool) -> None:
     from ..nightly.history import component_status
-    from ..nightly.suite import DEFAULT_SUITE, load_suite
+    from ..nightly.suite import load_suite
 
-    suite = load_suite(DEFAULT_SUITE)
+    suite = load_suite()
     data = component_status(app.ledger(), cron=suite.schedule.cron, nights=nights, threshold=threshold,
                             methods=suite.methods)
     if as_json:

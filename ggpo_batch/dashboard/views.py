@@ -149,9 +149,9 @@ def nightly_view(ledger: Ledger, *, nights: int = NIGHTS, threshold: float = THR
     """What `status --components --json` prints: the nightly suite's methods, last nights, moved
     metrics and missed nights (nightly/history.py)."""
     from ..nightly.history import component_status
-    from ..nightly.suite import DEFAULT_SUITE, load_suite
+    from ..nightly.suite import load_suite
 
-    suite = load_suite(DEFAULT_SUITE)
+    suite = load_suite()
     return {"components": component_status(ledger, cron=suite.schedule.cron, nights=nights, threshold=threshold,
                                            methods=suite.methods)}
 

@@ -1,7 +1,9 @@
 """A Slurm cluster profile: the allocation a run gets (partition, account, GPUs, time) on one cluster.
 
-Profiles are TOML files under `slurm/profiles/<name>.toml`, validated once here and mapped onto
-submitit's SlurmExecutor parameters by `to_submitit_parameters()`.
+Profiles are TOML files `<name>.toml`, looked up on the search path of `datafiles` (the user's
+`~/.config/ggpo-batch/profiles/`, the site's `/etc/ggpo-batch/profiles/`, then the packaged
+`ggpo_batch/data/profiles/`), validated once here and mapped onto submitit's SlurmExecutor
+parameters by `to_submitit_parameters()`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,18 @@ import logging
 import math
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from ..datafiles import find
 from ..errors import SpecError
 from .pacing import DEFAULT_BURST, DEFAULT_RATE_PER_S, SubmitPace
 
 log = logging.getLogger(__name__)
 
 PROFILE_SCHEMA = 1
-_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
 # A value that stays one token inside an `#SBATCH --key=value` line and inside a shell word.
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.,:/@%+=-]+$")
 _EXTRA_LINE = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(=(?P<value>[A-Za-z0-9_.,:/@%+=-]+))?$")
@@ -168,18 +171,13 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
     return SlurmProfile(name=name, **kw)
 
 
-def load_profile(name_or_path: str | Path, search_dir: Path) -> SlurmProfile:
-    """Load `search_dir/<name>.toml`, or a path to a .toml file."""
-    candidate = Path(name_or_path)
-    if candidate.suffix == ".toml" or candidate.is_absolute() or "/" in str(name_or_path):
-        path = candidate
-    else:
-        if not _NAME.match(str(name_or_path)):
-            raise SpecError(search_dir, "profile", f"{str(name_or_path)!r} is not a profile name ([A-Za-z0-9_-]+)")
-        path = Path(search_dir) / f"{name_or_path}.toml"
+def load_profile(name_or_path: str | Path, search_dirs: Path | Sequence[Path] | None = None) -> SlurmProfile:
+    """A profile by name (`<name>.toml` from the first folder of `search_dirs` that has it; by default
+    the search path of `datafiles`: user, site, packaged), or by path to a .toml file."""
+    dirs = None if search_dirs is None else ((search_dirs,) if isinstance(search_dirs, Path) else tuple(search_dirs))
+    path = find("profiles", name_or_path, dirs)
     if not path.is_file():
-        known = sorted(p.stem for p in Path(search_dir).glob("*.toml")) if Path(search_dir).is_dir() else []
-        raise SpecError(path, "", f"no such Slurm profile (known in {search_dir}: {', '.join(known) or 'none'})")
+        raise SpecError(path, "", "no such Slurm profile file")
     try:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:

@@ -17,12 +17,11 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 
-from ..config import REPO_DIR, redact
+from ..config import redact
+from ..datafiles import MIGRATIONS_DIR
 from ..errors import ConfigError, LedgerError, SchemaBehindError, Unavailable
 
 log = logging.getLogger(__name__)
-
-MIGRATIONS_DIR = REPO_DIR / "migrations"
 
 
 def normalise_url(url: str) -> str:

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     from ..ledger import connect
 
     ap = argparse.ArgumentParser(description="Run one night of the nightly CPU suite (no queue).")
-    ap.add_argument("--suite", type=Path, default=DEFAULT_SUITE)
+    ap.add_argument("--suite", default=DEFAULT_SUITE, help="a .toml file, or a suite name looked up like a profile")
     ap.add_argument("--output-dir", type=Path, required=True)
     ap.add_argument("--night", type=date.fromisoformat, default=datetime.now(UTC).date())
     args = ap.parse_args(argv)

@@ -1,5 +1,10 @@
 """Provenance of a component run: the commit, whether the executed source was uncommitted,
-and the sha256 of the implementation and of every source file that actually ran."""
+and the sha256 of the implementation and of every source file that actually ran.
+
+The one place that knows about a checkout: source files are keyed by their path from the folder
+that holds the package (`ggpo_batch/train/ggpo.py` from a checkout and from an installed wheel
+alike); the commit and the uncommitted flag come from git only when that folder is a ggpo-batch
+checkout (`REPO_DIR`), never from a repository that merely encloses an installed package."""
 
 from __future__ import annotations
 
@@ -11,9 +16,22 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import ModuleType
 
-from ..config import REPO_DIR
-
 log = logging.getLogger(__name__)
+
+# The folder that holds the package: a checkout's root, or site-packages for an installed wheel.
+PACKAGE_PARENT = Path(__file__).resolve().parents[2]
+
+
+def _checkout(root: Path) -> Path | None:
+    """`root` if it is a ggpo-batch checkout (a git work tree with the project's setup.cfg), else None."""
+    setup = root / "setup.cfg"
+    if (root / ".git").exists() and setup.is_file() and "name = ggpo-batch" in setup.read_text(errors="replace"):
+        return root
+    return None
+
+
+# The checkout the package runs from; None when it runs from an installed wheel.
+REPO_DIR = _checkout(PACKAGE_PARENT)
 
 
 def sha256_path(path: Path) -> str:
@@ -28,9 +46,10 @@ def _git(root: Path, *args: str) -> str | None:
     return out.stdout if out.returncode == 0 else None
 
 
-def executed_sources(package: str = "ggpo_batch", root: Path = REPO_DIR,
+def executed_sources(package: str = "ggpo_batch", root: Path = PACKAGE_PARENT,
                      extra: Iterable[Path] = ()) -> dict[str, str]:
-    """sha256 of each loaded module file of `package` (plus `extra` files), keyed by repo-relative path."""
+    """sha256 of each loaded module file of `package` (plus `extra` files), keyed by the path from
+    `root` (files outside it by their absolute path)."""
     files: set[Path] = {Path(p).resolve() for p in extra}
     for name, mod in list(sys.modules.items()):
         if not isinstance(mod, ModuleType) or not (name == package or name.startswith(package + ".")):
@@ -48,15 +67,29 @@ def executed_sources(package: str = "ggpo_batch", root: Path = REPO_DIR,
     return out
 
 
-def git_commit(root: Path = REPO_DIR) -> str | None:
+def relative_to_checkout(path: Path) -> str:
+    """`path` from the checkout's root when it is inside the checkout, else as given."""
+    if REPO_DIR is not None:
+        try:
+            return path.resolve().relative_to(REPO_DIR).as_posix()
+        except ValueError:
+            pass
+    return str(path)
+
+
+def git_commit(root: Path | None = REPO_DIR) -> str | None:
+    """The checkout's HEAD; None outside a checkout or when git cannot tell."""
+    if root is None:
+        return None
     out = _git(root, "rev-parse", "HEAD")
     return out.strip() if out else None
 
 
-def uncommitted(paths: Iterable[str], root: Path = REPO_DIR) -> bool | None:
-    """True when any of `paths` differs from HEAD or is untracked; None when git cannot tell."""
+def uncommitted(paths: Iterable[str], root: Path | None = REPO_DIR) -> bool | None:
+    """True when any of `paths` differs from HEAD or is untracked; None outside a checkout or when
+    git cannot tell."""
     rel = [p for p in paths if not Path(p).is_absolute()]
-    if not rel:
+    if root is None or not rel:
         return None
     out = _git(root, "status", "--porcelain", "--untracked-files=all", "--", *rel)
     if out is None:

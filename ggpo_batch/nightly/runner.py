@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from ..config import REPO_DIR
 from ..errors import GgpoError
 from ..train import ggpo as ggpo_module
 from . import ggpo_tier
@@ -27,7 +26,13 @@ from .checks import (
 from .component_record import SCHEMA_VERSION, aggregate, check_component_record
 from .corpus import ByteSplit, Corpus, load_corpus
 from .policy import PolicyConfig
-from .provenance import executed_sources, git_commit, sha256_path, uncommitted
+from .provenance import (
+    executed_sources,
+    git_commit,
+    relative_to_checkout,
+    sha256_path,
+    uncommitted,
+)
 from .suite import Suite, load_suite
 from .watch import watching
 
@@ -40,13 +45,6 @@ SELECTION = "none; fixed budgets, final heldout NLL only"
 CLAIM_POLICY = "actual component execution only; not paper benchmark, capability comparison or correctness improvement"
 
 
-def _rel(path: Path) -> str:
-    try:
-        return path.resolve().relative_to(REPO_DIR).as_posix()
-    except ValueError:
-        return str(path)
-
-
 def _retain_previous(output: Path) -> list[str]:
     """An existing artifact is never overwritten: it is renamed `<stem>.previous-<k><suffix>`."""
     if output.exists():
@@ -55,7 +53,7 @@ def _retain_previous(output: Path) -> list[str]:
             k += 1
         output.rename(prev)
         log.info("kept the previous artifact as %s", prev)
-    return sorted(_rel(p) for p in output.parent.glob(f"{output.stem}.previous-*{output.suffix}"))
+    return sorted(relative_to_checkout(p) for p in output.parent.glob(f"{output.stem}.previous-*{output.suffix}"))
 
 
 def write_record(record: Mapping[str, Any], output: Path) -> str:
@@ -177,7 +175,7 @@ def run_method(method: str, *, suite: Suite, seeds: Sequence[int], corpus: Corpu
         "per_seed": per_seed,
         "execution_checks": checks,
         "provenance": {
-            "artifact_path": _rel(output) if output is not None else None,
+            "artifact_path": relative_to_checkout(output) if output is not None else None,
             "commit": git_commit(),
             "uncommitted_source_at_cpu_run": uncommitted(list(sources)),
             "implementation_sha256": sha256_path(impl_path),
@@ -185,7 +183,7 @@ def run_method(method: str, *, suite: Suite, seeds: Sequence[int], corpus: Corpu
             "accelerator": ",".join(sorted({o.device for o in outcomes})),
             "command": command,
             "dataset_fingerprint": f"sha256:{corpus.sha256}",
-            "raw_artifact": _rel(output) if output is not None else None,
+            "raw_artifact": relative_to_checkout(output) if output is not None else None,
             "previous_cpu_raw_artifacts_retained": previous,
         },
         "full_experiment_status": status,

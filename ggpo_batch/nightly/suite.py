@@ -1,5 +1,7 @@
-"""The nightly suite spec (`jobs/nightly-cpu.toml`): methods, tier, seeds, budgets, corpus,
-schedule and the full-experiment decision that the record carries. Parsed once, frozen."""
+"""The nightly suite spec (`nightly-cpu`, packaged as `ggpo_batch/data/suites/nightly-cpu.toml`):
+methods, tier, seeds, budgets, corpus, schedule and the full-experiment decision that the record
+carries. Parsed once, frozen. A suite named without a path is looked up like a profile
+(`datafiles.search_path("suites")`: user, site, then packaged)."""
 
 from __future__ import annotations
 
@@ -9,12 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import REPO_DIR
+from ..datafiles import find
 from ..errors import SpecError
 from ..train.ggpo_config import GgpoConfig
 from .corpus import CorpusSource
 
-DEFAULT_SUITE = REPO_DIR / "jobs" / "nightly-cpu.toml"
+DEFAULT_SUITE = "nightly-cpu"  # a name, looked up on the suites search path
 TIERS = ("l1_mechanism",)
 
 
@@ -93,8 +95,10 @@ def _typed(cls: type, values: Mapping[str, Any], path: Path, table: str) -> Any:
         raise SpecError(path, f"{table}.{key}", problem) from None
 
 
-def load_suite(path: Path = DEFAULT_SUITE) -> Suite:
-    """Parse and validate the suite TOML; every error names the file and the field."""
+def load_suite(name_or_path: str | Path = DEFAULT_SUITE) -> Suite:
+    """Parse and validate the suite TOML (by name on the search path, or by path); every error names
+    the file and the field."""
+    path = find("suites", name_or_path)
     try:
         doc = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:

@@ -106,7 +106,7 @@ def test_bad_arguments_are_user_errors(suite, tmp_path: Path):
 
 @pytest.mark.slow
 def test_the_repo_suite_seeds_42_44_within_the_time_goal():
-    """The real tier: jobs/nightly-cpu.toml budgets (8/4/2 steps, 16 new tokens), seeds 42-44,
+    """The real tier: the nightly-cpu suite's budgets (8/4/2 steps, 16 new tokens), seeds 42-44,
     on the fetched Hamlet when present (tools/fetch_corpus.py), else the named generated corpus."""
     rec = run_nightly(seeds=[42, 43, 44], methods=["ggpo"], corpus=None, corpus_sha256=None, output=None,
                       command="pytest")

@@ -73,7 +73,7 @@ def test_errors_name_file_and_field(tmp_path, text, field, words):
 
 
 def test_unknown_profile_name_lists_known_ones():
-    with pytest.raises(SpecError, match="known in .*default, dev-cluster"):
+    with pytest.raises(SpecError, match=r"no such Slurm profile in .*profiles \(known: default, dev-cluster"):
         load_profile("nope", PROFILES)
-    with pytest.raises(SpecError, match="not a profile name"):
+    with pytest.raises(SpecError, match="not a Slurm profile name"):
         load_profile("a b", PROFILES)

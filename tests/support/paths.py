@@ -12,8 +12,9 @@ DATA = REPO / "tests" / "data"
 SEED_000 = DATA / "000_b2e3fe1f0148d43c.txt"  # one experiment, 5 arms x 3 seeds
 SEED_003 = DATA / "003_6402ffbf4ba21fea.txt"  # one nightly CPU component run
 
-JOBS = REPO / "jobs"
-PROFILES = REPO / "slurm" / "profiles"
+JOBS = REPO / "jobs"  # the checkout's example specs (exposure-5arm and demo-cpu are also packaged)
+PACKAGED = REPO / "ggpo_batch" / "data"  # what the wheel ships (ggpo_batch/datafiles.py)
+PROFILES = PACKAGED / "profiles"
 DEV_CLUSTER_UP = REPO / "slurm" / "dev-cluster" / "up.sh"
 # The dev cluster's state folder (slurm/dev-cluster/common.sh: pid files in run/, logs in log/).
 DEV_CLUSTER_STATE = Path(os.environ.get("GGPO_SLURM_STATE", "/var/tmp/ggpo-slurm"))

@@ -27,7 +27,7 @@ exposure = "none"
 
 def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev-cluster-1task", retries: int = 0,
                max_gpu_hours: float = 1.0) -> Path:
-    """A one-arm spec on the dev Slurm (`profile` of slurm/profiles), written to `folder`/`name`.toml."""
+    """A one-arm spec on the dev Slurm (`profile` of the packaged profiles), written to `folder`/`name`.toml."""
     path = folder / f"{name}.toml"
     path.write_text(SLURM_SPEC.format(name=name, seeds=seeds, profile=profile, retries=retries,
                                       max_gpu_hours=max_gpu_hours))
