@@ -262,12 +262,21 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
                    f"{positions} positions (max_position_embeddings)")
     if not ok:
         return None
+    from .train import chat_template
     from .train.codec import HfCodec
 
+    codec = HfCodec(tokenizer, max_model_len=cfg.model.max_model_len, eos_ids=eos,
+                    chat_template_kwargs=cfg.model.chat_template_kwargs)
+    # The template's thinking switch, its keywords, and the prompt it renders (train/chat_template.py).
+    template = chat_template.check(tokenizer.get_chat_template(), cfg.model.chat_template_kwargs,
+                                   lambda q: codec.chat_text(codec.user_message(q)))
+    for problem in template.problems:
+        report.add(chat_template.FIELD, f"{folder}: {problem}")
+    if not template.renders:
+        return None
     params = hf.safetensors_parameters(files)
     text = getattr(config, "text_config", None) or config
-    info = {"codec": HfCodec(tokenizer, max_model_len=cfg.model.max_model_len, eos_ids=eos),
-            "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
+    info = {"codec": codec, "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
             "layers": int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0)),
             "vocab": vocab or len(tokenizer), "dtype_bytes": hf.DTYPE_BYTES[cfg.model.dtype]}
     report.facts.update(model_dir=str(folder), parameters=params, model_type=config.model_type)
@@ -317,29 +326,25 @@ def _known_templates() -> set[str]:
 def _prompt_lengths(codec: Codec, pairs: list[tuple[Item, str]]) -> list[int]:
     """Prompt tokens of each (item, template), as the codec builds them (chat template rendered
     once per distinct text, tokenized in one batch)."""
-    from .train.codec import HfCodec, instruction
+    from .train.codec import HfCodec
     from .train.task import render
 
     if not isinstance(codec, HfCodec):
         return [len(codec.prompt(t, it)) for it, t in pairs]
-    tok = codec.tokenizer
-    contents = [f"{instruction()}\n\n{render(t, it)}" for it, t in pairs]
+    contents = [codec.user_message(render(t, it)) for it, t in pairs]
     # The chat template around one user message is the same for every message: render it once around
     # a marker and splice; checked against a full rendering of the first prompt.
     marker = "\x00GGPO-CONTENT\x00"
-    shell = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True)
+    shell = codec.chat_text(marker)
+    texts = None
     if shell.count(marker) == 1:
         head, tail = shell.split(marker)
         texts = [head + c + tail for c in contents]
-        if texts[0] != tok.apply_chat_template([{"role": "user", "content": contents[0]}], tokenize=False,
-                                               add_generation_prompt=True):
+        if texts[0] != codec.chat_text(contents[0]):
             texts = None
-    else:
-        texts = None
     if texts is None:
-        texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
-                 for c in contents]
-    return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+        texts = [codec.chat_text(c) for c in contents]
+    return [len(ids) for ids in codec.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 # -- precision, memory ----------------------------------------------------------------------------------

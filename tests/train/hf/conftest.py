@@ -13,7 +13,6 @@ pytest.importorskip("tokenizers")
 
 from ggpo_batch.runspec import RunSpec
 from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
-
 from tests.support.arms import ARMS
 
 
@@ -75,3 +74,12 @@ def one_rank():  # type: ignore[no-untyped-def]
     release_process_group()
     os.environ.clear()
     os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def thinking_hf(tiny_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with a Qwen3-like hybrid chat template: it reads `enable_thinking` and
+    thinks by default (tiny_hf.THINKING_CHAT_TEMPLATE)."""
+    from ggpo_batch.train.tiny_hf import THINKING_CHAT_TEMPLATE, with_chat_template
+
+    return with_chat_template(tiny_hf, tmp_path_factory.mktemp("thinking-hf") / "model", THINKING_CHAT_TEMPLATE)
