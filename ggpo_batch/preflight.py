@@ -369,7 +369,7 @@ def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks
         rows=rows, seq_len=cfg.max_model_len, hidden=model["hidden"], layers=model["layers"], vocab=model["vocab"],
         gradient_checkpointing=bool(cfg.model and cfg.model.gradient_checkpointing), rollout=cfg.rollout,
         vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes, chunk_tokens=cfg.logprob_chunk_tokens,
-        chunk_vocab=cfg.logprob_chunk_vocab)
+        chunk_vocab=cfg.logprob_chunk_vocab, tensor_parallel_size=cfg.tensor_parallel_size)
     report.facts["gpu_memory_estimate_gib"] = {k: round(v / GIB, 2) for k, v in parts.items()}
     report.facts["gpu_memory_gib"] = gpu_bytes / GIB
     if parts["total"] > gpu_bytes:
