@@ -1,7 +1,8 @@
 """Preflight: everything a spec needs from the world that can be known without a GPU, checked before
 anything is queued (`enqueue`, `enqueue --dry-run`, `train`).
 
-`spec.py` checks the spec's own shape; this module checks what it names: the model directory
+`spec.py` checks the spec's own shape; this module checks what it names: the installed libraries
+(`versions.py`: one older than the code needs), the model directory
 (config, causal-LM architecture, safetensors weights), its tokenizer (loads, has a chat template
 and EOS), the `[train.data]` files (parse, hold enough held-out items for every arm's exposures,
 train and held-out ids apart), the prompts against `max_model_len`, the ranks against the step's
@@ -89,6 +90,7 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
 
     report = Report(spec.path)
     cfg = TrainConfig.from_table(spec.train, spec.path)
+    _versions(cfg, report)
     chosen = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     executor_ranks, gpu_bytes = _allocation(spec, report, profiles_dir)
     ranks = ranks or executor_ranks
@@ -118,6 +120,16 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
     for p in report.problems:
         log.info("preflight: %s: %s", p.field, p.message)
     return report
+
+
+def _versions(cfg: TrainConfig, report: Report) -> None:
+    """The submit host's libraries against what the code needs (versions.py): one installed older is
+    refused; one not installed is allowed (a submit host needs only the base install), the
+    allocation's own check at the job's start refuses it there."""
+    from . import versions
+
+    for package, line in versions.problems(versions.needed(cfg), installed_only=True):
+        report.add(package, f"on this machine, {line}")
 
 
 # -- the allocation ---------------------------------------------------------------------------------
