@@ -2,14 +2,15 @@
 anything is queued (`enqueue`, `enqueue --dry-run`, `train`).
 
 `spec.py` checks the spec's own shape; this module checks what it names: the installed libraries
-(`versions.py`: one older than the code needs), the model directory
-(config, causal-LM architecture, safetensors weights), its tokenizer (loads, has a chat template
-and EOS; the template's thinking switch and keywords, train/chat_template.py), the `[train.data]` files (parse, hold enough held-out items for every arm's exposures,
-train and held-out ids apart), the prompts against `max_model_len`, the ranks against the step's
-groups and the templates against the group size, the precision against the executor, and the
-profile's GPUs against the model (the estimate below). Every problem is collected, one line each
-naming the field; a problem that is only "this file or directory is absent from this machine" is
-marked as such (`Problem.absent`), so a spec written for a cluster can be told apart from a wrong one.
+(`versions.py`: one older than the code needs), the model directory (config, causal-LM architecture,
+safetensors weights), its tokenizer (loads, has a chat template and EOS; the template's thinking
+switch and keywords, train/chat_template.py), the `[train.data]` files (parse, hold enough held-out
+items for every arm's exposures, train and held-out ids apart), the prompts against `max_model_len`,
+the ranks against the step's groups and the templates against the group size, the precision against
+the executor, and the profile's GPUs against the model (the estimate below). Every problem is
+collected, one line each naming the field; a problem that is only "this file or directory is absent
+from this machine" is marked as such (`Problem.absent`), so a spec written for a cluster can be told
+apart from a wrong one.
 
 The GPU-memory estimate is `gpu_memory.memory_estimate` (its formula is documented there).
 """

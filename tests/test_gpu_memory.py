@@ -5,13 +5,12 @@ breakdown against its profile's 80 GiB."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from ggpo_batch.gpu_memory import GIB, breakdown, memory_estimate
-from tests.support.paths import JOBS
+from tests.support.specs import flagship_with
 
 P = 1_720_574_976  # Qwen3-1.7B: 28 x 50,336,000 per layer + 151,936 x 2,048 embedding (tied) + 2,048 norm
 CONTEXT = int(1.8 * GIB)  # vllm-project/vllm#10511: 1.79 GiB non-torch memory per process, as much per communicator
@@ -76,35 +75,21 @@ def flagship(tmp_path: Path) -> Path:
     safetensors file, a tokenizer with a Qwen3-like template) and its data a QA set built here."""
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from ggpo_batch.spec import load_spec
     from ggpo_batch.train.tiny_hf import build_qa_set
     from tests.support.shaped_checkpoint import qwen3_1_7b
 
-    model = qwen3_1_7b(tmp_path / "Qwen3-1.7B")
     data = build_qa_set(tmp_path / "qa", n_train=200, n_eval=160)
-    path = JOBS / "exposure-5arm.toml"
-    spec = load_spec(path)
-    text = path.read_text().replace(spec.train["model"]["path"], str(model))
-    for key in ("train", "eval", "passages"):
-        text = text.replace(spec.train["data"][key], str(data[key]))
-    mine = tmp_path / "exposure-5arm.toml"
-    mine.write_text(text)
-    return mine
+    return flagship_with(tmp_path, qwen3_1_7b(tmp_path / "Qwen3-1.7B"), data)
 
 
-def test_the_flagship_dry_run_prints_the_completed_breakdown(flagship, ledger, db_url, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    if not db_url.startswith("sqlite"):
+def test_the_flagship_dry_run_prints_the_completed_breakdown(flagship, ledger, env, monkeypatch):  # type: ignore[no-untyped-def]
+    if not env["GGPO_DB_URL"].startswith("sqlite"):
         pytest.skip("preflight runs before the ledger: one backend is enough")
     from click.testing import CliRunner
 
     from ggpo_batch.cli import cli
 
-    for k in list(os.environ):
-        if k.startswith("GGPO_"):
-            monkeypatch.delenv(k)
-    for k, v in {"GGPO_DB_URL": db_url, "GGPO_REDIS_URL": "memory://", "GGPO_DATA_DIR": str(tmp_path / "data"),
-                 "GGPO_USER": "tester"}.items():
-        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("GGPO_REDIS_URL", "memory://")  # a dry run queues nothing
     res = CliRunner().invoke(cli, ["enqueue", str(flagship), "--dry-run"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     out = res.output.splitlines()

