@@ -82,6 +82,7 @@ def flagship(tmp_path: Path) -> Path:
     return flagship_with(tmp_path, qwen3_1_7b(tmp_path / "Qwen3-1.7B"), data)
 
 
+@pytest.mark.slow  # two dry runs of the flagship: preflight measures 680 prompts each time
 def test_the_flagship_dry_run_prints_the_completed_breakdown(flagship, ledger, env, monkeypatch):  # type: ignore[no-untyped-def]
     if not env["GGPO_DB_URL"].startswith("sqlite"):
         pytest.skip("preflight runs before the ledger: one backend is enough")
