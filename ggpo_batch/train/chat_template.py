@@ -24,7 +24,9 @@ from typing import Any, ClassVar
 # them: Qwen3, GLM-4.5, SmolLM3, Hunyuan (`enable_thinking`); DeepSeek-V3.1, Granite 3.2 (`thinking`);
 # gpt-oss (`reasoning_effort`); Seed-OSS (`thinking_budget`). A template that reads one thinks or not
 # by a default the rendered prompt does not show: the spec must choose.
-THINKING_SWITCHES = ("enable_thinking", "thinking", "reasoning_effort", "thinking_budget")
+# Each with the value that turns reasoning off (or down: gpt-oss always reasons a little).
+THINKING_SWITCHES = {"enable_thinking": "false", "thinking": "false", "reasoning_effort": '"low"',
+                     "thinking_budget": "0"}
 # Switches that are yes/no: a TOML 0/1 would read as "defined and not false" in Qwen3's
 # `enable_thinking is false` test and leave the model thinking.
 BOOLEAN_SWITCHES = ("enable_thinking", "thinking")
@@ -91,11 +93,11 @@ def check(source: str, kwargs: Mapping[str, Any], render: Callable[[str], str]) 
     except Exception as exc:  # noqa: BLE001  (jinja2.TemplateSyntaxError and kin)
         return TemplateCheck([f"the chat template does not parse: {_first_line(exc)}"], False)
     found = []
-    for switch in THINKING_SWITCHES:
+    for switch, off in THINKING_SWITCHES.items():
         if switch in read and switch not in kwargs:
             found.append(f"the chat template has a thinking switch `{switch}` that the spec leaves at its default "
-                         f"(a hybrid template thinks by default and shows nothing of it in the prompt): set "
-                         f"chat_template_kwargs = {{ {switch} = ... }} (false for the search protocol's short turns)")
+                         f"(a hybrid template thinks by default and shows nothing of it in the prompt): choose, e.g. "
+                         f"chat_template_kwargs = {{ {switch} = {off} }} for the search protocol's short turns")
     for key in sorted(set(kwargs) - read):
         others = sorted(read - CONVERSATION_VARIABLES)
         found.append(f"`{key}` is never read by the chat template (the keywords it reads: "
