@@ -1,55 +1,118 @@
 """How much memory one GPU of an allocation needs to train a model: the formula preflight checks a
 profile's `gpu_memory_gib` against, in one place.
 
-GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (GPUs), ZeRO stage z:
+GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (GPUs), ZeRO stage z,
+R rows per pass (train.micro_batch_size, else the rank's whole batch (prompts_per_step/N) x
+group_size), T = max_model_len, H, L, V the checkpoint's hidden size, layers and vocabulary. Every
+term is in `memory_estimate`'s result, in this order, each with its source in a comment there:
 
-    weights      P*b                       (z = 2: every rank holds them)   P*b/N (z = 3)
-    gradients    P*b/N                     (partitioned at z = 2 and 3)
-    optimizer    (12 if b < 4 else 8)*P/N  (fp32 master copy + Adam's two moments, partitioned)
-    reference    P*b (z = 2)  P*b/N (z = 3) (train/reference.py: partitioned like the policy at z = 3)
-    rollout      0 for the torch sampler at z = 2 (it samples from the policy module itself), P*b
-                 at z = 3 (the policy's weights gathered while it rolls out, partitioned again
-                 before the update: counted as if at once), or U*M for vLLM (its reservation: U =
-                 vllm_gpu_memory_utilization of the GPU's M bytes)
-    activations  R*T*H*L*(2 if gradient_checkpointing else 34)*b/2 + logits
-                 (per layer 34*T*H bytes in 16 bit without recomputation, 2*T*H with it, after
-                 Korthikanti et al. 2022, attention fused)
-    logits       chunked (train/logprobs.py, C_t x C_v = logprob_chunk_tokens x logprob_chunk_vocab):
-                 min(C_t, R*T)*min(C_v, V)*(12 + b) + R*T*H*(b + 4)   (one chunk's logits in dtype and
-                 float32, a float32 temporary, its gradient; the gathered hidden states and their
-                 float32 gradient: the formula of train/logprobs.py);
-                 unchunked (C_t = 0): R*T*V*(b + 8) (logits in dtype plus float32 log-softmax)
-    context      1 GiB (CUDA context, allocator slack)
+    weights           P*b (z = 2: every rank holds them), P*b/N (z = 3)
+    gradients         P*b/N (the rank's partition, in the model dtype)
+    fp32_gradients    4*P/N when b < 4: the partition cast to float32 at the optimizer step, beside it
+    optimizer         (12 if b < 4 else 8)*P/N: fp32 master copy + Adam's two moments, partitioned
+    adam_step         4*P/N: torch's foreach AdamW's temporary sqrt of the second moment
+    reduce_bucket     reduce_bucket_size*b (x 2 with overlap_comm): ZeRO's gradient staging buffer
+    allgather_bucket  0 at z = 2 (updated partitions are gathered in place); z = 3: the prefetch bucket
+    reference         P*b (z = 2), P*b/N (z = 3: partitioned like the policy, train/reference.py)
+    rollout           torch sampler: 0 at z = 2 (it samples from the policy module), P*b at z = 3 (the
+                      weights gathered while it rolls out); vLLM: U*M (its reservation: U =
+                      vllm_gpu_memory_utilization of the GPU's M bytes)
+    activations       R*T*H*L*(2 if gradient_checkpointing else 34)*b/2
+    recomputed_layer  R*T*H*34*b/2 with gradient checkpointing: one layer recomputed for its backward
+    logits            the log-prob computation (train/logprobs.py): chunked C_t x C_v =
+                      logprob_chunk_tokens x logprob_chunk_vocab: min(C_t, R*T)*min(C_v, V)*(12 + b) +
+                      R*T*H*(b + 4); unchunked (C_t = 0): R*T*V*(b + 8)
+    lm_head_gradient  V*H*b, + min(C_v, V)*H*4 chunked (the float32 sum of one vocabulary chunk)
+    cuda_context      1.8 GiB: CUDA context, cuBLAS/cuDNN workspaces, loaded kernels
+    nccl              1.8 GiB per NCCL communicator: 2 (torch's world group and DeepSpeed's clone of
+                      it), + 1 for a vLLM engine with tensor_parallel_size > 1
+    allocator_slack   1 GiB: blocks the caching allocator holds but cannot reuse
 
-with R rows per pass (train.micro_batch_size, else the rank's whole batch (prompts_per_step/N) x
-group_size), T = max_model_len, H, L, V the checkpoint's hidden size, layers and vocabulary. The
-sum must not exceed the profile's `gpu_memory_gib`. It is an estimate (no kernel workspace, no
-fragmentation model); a spec that passes can still run out of memory, one that fails would.
+(Korthikanti et al. 2022 for the activations: 34*T*H bytes per layer in 16 bit without
+recomputation, attention fused; 2*T*H, the layer's input, with it.) For the flagship
+(Qwen3-1.7B-class, bf16, ZeRO-2 on 4 GPUs) the last three come to 6.4 GiB. The sum must not exceed
+the profile's `gpu_memory_gib`. It is an estimate that adds terms which peak at different moments
+(the optimizer step's after the backward pass's), with no model of fragmentation: a spec that passes
+can still run out of memory, one that fails would be close to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 GIB = 1 << 30
-CONTEXT_BYTES = GIB
 ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = {False: 34, True: 2}  # 16-bit, by gradient checkpointing
+# DeepSpeed ZeRO's defaults (deepspeed/runtime/zero/config.py: reduce_bucket_size and
+# allgather_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7, sub_group_size 1e9,
+# overlap_comm off at stage 2 and on at stage 3); the trainer's ds_config sets only the stage
+# (tests/train/hf/test_gpu_memory_terms.py reads them back from its engine).
+REDUCE_BUCKET_ELEMENTS = 500_000_000
+ALLGATHER_BUCKET_ELEMENTS = 500_000_000
+PREFETCH_BUCKET_ELEMENTS = 50_000_000
+SUB_GROUP_ELEMENTS = 1_000_000_000
+OVERLAP_COMM = {2: False, 3: True}
+# Measured by vLLM on one 80 GB H100 (vllm-project/vllm#10511, its profiler's sanity check):
+# non-torch memory 1.79 GiB for one process at tensor_parallel_size 1 (CUDA context, cuBLAS/cuDNN
+# workspaces, kernels), 3.58 GiB at 2 (one NCCL communicator more). PyTorch's own CUDA context alone
+# is 0.29 GB with lazy module loading, 0.67 GB without (pytorch/pytorch#86509); NCCL measured 0.69 GB
+# for one 4-GPU communicator on A100s (NVIDIA/nccl#964) and ~1.6 GB on another machine
+# (NVIDIA/nccl#864): memory grows with the channels, which H100/H200 NVLink uses more of.
+CUDA_CONTEXT_BYTES = int(1.8 * GIB)
+NCCL_COMMUNICATOR_BYTES = int(1.8 * GIB)
+# torch's default process group, and DeepSpeed's clone of the world group that ZeRO reduces over
+# (deepspeed/utils/groups.py `_clone_world_group`: a new_group, hence its own communicator).
+TRAINER_COMMUNICATORS = 2
+# Cached blocks the allocator keeps reserved but cannot place the next tensor in (reserved >
+# allocated: PyTorch's "CUDA memory management" notes). A margin, not a measurement: the 1 GiB this
+# formula always had.
+ALLOCATOR_SLACK_BYTES = GIB
 
 
 def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage: int, rows: int, seq_len: int,
                     hidden: int, layers: int, vocab: int, gradient_checkpointing: bool, rollout: str,
-                    vllm_fraction: float, gpu_bytes: float, chunk_tokens: int = 0,
-                    chunk_vocab: int = 0) -> dict[str, float]:
-    """Bytes per GPU by part (the module docstring's formula); "total" is their sum."""
-    p, b, n = parameters, dtype_bytes, ranks
+                    vllm_fraction: float, gpu_bytes: float, chunk_tokens: int = 0, chunk_vocab: int = 0,
+                    tensor_parallel_size: int = 1) -> dict[str, float]:
+    """Bytes per GPU by term (the module docstring's formula, in its order); "total" is their sum."""
+    p, b, n, z = parameters, dtype_bytes, ranks, zero_stage
     act = ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN[gradient_checkpointing]
+    tokens = rows * seq_len
+    # The fp32 partition ZeRO-3 steps at a time is at most one sub-group (stage3.py's sub_group_size).
+    stepped = min(p / n, SUB_GROUP_ELEMENTS) if z == 3 else p / n
     parts = {
-        "weights": p * b / (n if zero_stage == 3 else 1),
+        "weights": p * b / (n if z == 3 else 1),
         "gradients": p * b / n,
+        # stage_1_and_2.py `step`: `flat_grad_partition.to(fp32)` is the partition's float32 gradient,
+        # alive with the bit16 one until the step ends (stage3.py the same per sub-group); for a float32
+        # model the cast returns the partition itself.
+        "fp32_gradients": 4 * stepped if b < 4 else 0.0,
         "optimizer": (12 if b < 4 else 8) * p / n,
-        "reference": p * b / (n if zero_stage == 3 else 1),
-        "rollout": vllm_fraction * gpu_bytes if rollout == "vllm" else (p * b if zero_stage == 3 else 0.0),
-        "activations": rows * seq_len * hidden * layers * act * b / 2,
-        "logits": logits_bytes(rows * seq_len, hidden, vocab, b, chunk_tokens, chunk_vocab),
-        "context": CONTEXT_BYTES,
+        # The trainer's optimizer is torch's AdamW (`torch_adam: true`), foreach on GPU:
+        # torch/optim/adam.py `_multi_tensor_adam` allocates `exp_avg_sq_sqrt = _foreach_sqrt(...)`,
+        # float32, the size of the stepped partition.
+        "adam_step": 4 * stepped,
+        # stage_1_and_2.py `setup_buckets`: contiguous_gradients (on by default) stages gradients in
+        # buffers of reduce_bucket_size elements in the model dtype, a second one with overlap_comm;
+        # stage3.py allocates one such bucket.
+        "reduce_bucket": REDUCE_BUCKET_ELEMENTS * b * (2 if z == 2 and OVERLAP_COMM[z] else 1),
+        # deepspeed/runtime/utils.py `all_gather_dp_groups`: with all_gather_into_tensor (NCCL) the
+        # updated partitions are gathered into the flat bit16 buffer the weights live in: nothing new
+        # (allgather_bucket_size only shards the older path, over views). Stage 3 gathers parameters
+        # ahead of use: its prefetch bucket.
+        "allgather_bucket": PREFETCH_BUCKET_ELEMENTS * b if z == 3 else 0.0,
+        "reference": p * b / (n if z == 3 else 1),
+        "rollout": vllm_fraction * gpu_bytes if rollout == "vllm" else (p * b if z == 3 else 0.0),
+        "activations": tokens * hidden * layers * act * b / 2,
+        # With checkpointing each layer's forward runs again in the backward pass and holds its whole
+        # activations (Korthikanti et al. 2022, 34*T*H bytes in 16 bit) until its gradients are out.
+        "recomputed_layer": tokens * hidden * 34 * b / 2 if gradient_checkpointing else 0.0,
+        "logits": logits_bytes(tokens, hidden, vocab, b, chunk_tokens, chunk_vocab),
+        # train/logprobs.py's backward: the LM head weight's gradient, whole (tied embeddings: one
+        # parameter), and the float32 sum of one vocabulary chunk of it.
+        "lm_head_gradient": vocab * hidden * b + (min(chunk_vocab or vocab, vocab) * hidden * 4 if chunk_tokens else 0),
+        "cuda_context": CUDA_CONTEXT_BYTES,
+        "nccl": NCCL_COMMUNICATOR_BYTES * (TRAINER_COMMUNICATORS + (1 if rollout == "vllm" and
+                                                                    tensor_parallel_size > 1 else 0)),
+        "allocator_slack": ALLOCATOR_SLACK_BYTES,
     }
     parts["total"] = sum(parts.values())
     return parts
@@ -61,3 +124,13 @@ def logits_bytes(tokens: int, hidden: int, vocab: int, dtype_bytes: int, chunk_t
     if not chunk_tokens:
         return tokens * vocab * (b + 8)
     return min(chunk_tokens, tokens) * min(chunk_vocab or vocab, vocab) * (12 + b) + tokens * hidden * (b + 4)
+
+
+def breakdown(gib: Mapping[str, float], gpu_gib: float) -> list[str]:
+    """The estimate's terms in GiB (preflight's `gpu_memory_estimate_gib`) as lines for a person: every
+    term, then the total against one GPU's `gpu_gib`."""
+    width = max(len(k) for k in gib)
+    lines = [f"  {k:<{width}} {v:7.2f} GiB" for k, v in gib.items() if k != "total"]
+    verdict = "fits" if gib["total"] <= gpu_gib else "does NOT fit"
+    lines.append(f"  {'total':<{width}} {gib['total']:7.2f} GiB of {gpu_gib:g} GiB per GPU: {verdict}")
+    return lines

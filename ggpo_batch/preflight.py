@@ -1,14 +1,16 @@
 """Preflight: everything a spec needs from the world that can be known without a GPU, checked before
 anything is queued (`enqueue`, `enqueue --dry-run`, `train`).
 
-`spec.py` checks the spec's own shape; this module checks what it names: the model directory
-(config, causal-LM architecture, safetensors weights), its tokenizer (loads, has a chat template
-and EOS), the `[train.data]` files (parse, hold enough held-out items for every arm's exposures,
-train and held-out ids apart), the prompts against `max_model_len`, the ranks against the step's
-groups and the templates against the group size, the precision against the executor, and the
-profile's GPUs against the model (the estimate below). Every problem is collected, one line each
-naming the field; a problem that is only "this file or directory is absent from this machine" is
-marked as such (`Problem.absent`), so a spec written for a cluster can be told apart from a wrong one.
+`spec.py` checks the spec's own shape; this module checks what it names: the installed libraries
+(`versions.py`: one older than the code needs), the model directory (config, causal-LM architecture,
+safetensors weights), its tokenizer (loads, has a chat template and EOS; the template's thinking
+switch and keywords, train/chat_template.py), the `[train.data]` files (parse, hold enough held-out
+items for every arm's exposures, train and held-out ids apart), the prompts against `max_model_len`,
+the ranks against the step's groups and the templates against the group size, the precision against
+the executor, and the profile's GPUs against the model (the estimate below). Every problem is
+collected, one line each naming the field; a problem that is only "this file or directory is absent
+from this machine" is marked as such (`Problem.absent`), so a spec written for a cluster can be told
+apart from a wrong one.
 
 The GPU-memory estimate is `gpu_memory.memory_estimate` (its formula is documented there).
 """
@@ -89,6 +91,7 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
 
     report = Report(spec.path)
     cfg = TrainConfig.from_table(spec.train, spec.path)
+    _versions(cfg, report)
     chosen = [spec.arm(a) for a in arms] if arms else list(spec.arms)
     executor_ranks, gpu_bytes = _allocation(spec, report, profiles_dir)
     ranks = ranks or executor_ranks
@@ -118,6 +121,16 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
     for p in report.problems:
         log.info("preflight: %s: %s", p.field, p.message)
     return report
+
+
+def _versions(cfg: TrainConfig, report: Report) -> None:
+    """The submit host's libraries against what the code needs (versions.py): one installed older is
+    refused; one not installed is allowed (a submit host needs only the base install), the
+    allocation's own check at the job's start refuses it there."""
+    from . import versions
+
+    for package, line in versions.problems(versions.needed(cfg), installed_only=True):
+        report.add(package, f"on this machine, {line}")
 
 
 # -- the allocation ---------------------------------------------------------------------------------
@@ -261,12 +274,21 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
                    f"{positions} positions (max_position_embeddings)")
     if not ok:
         return None
+    from .train import chat_template
     from .train.codec import HfCodec
 
+    codec = HfCodec(tokenizer, max_model_len=cfg.model.max_model_len, eos_ids=eos,
+                    chat_template_kwargs=cfg.model.chat_template_kwargs)
+    # The template's thinking switch, its keywords, and the prompt it renders (train/chat_template.py).
+    template = chat_template.check(tokenizer.get_chat_template(), cfg.model.chat_template_kwargs,
+                                   lambda q: codec.chat_text(codec.user_message(q)))
+    for problem in template.problems:
+        report.add(chat_template.FIELD, f"{folder}: {problem}")
+    if not template.renders:
+        return None
     params = hf.safetensors_parameters(files)
     text = getattr(config, "text_config", None) or config
-    info = {"codec": HfCodec(tokenizer, max_model_len=cfg.model.max_model_len, eos_ids=eos),
-            "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
+    info = {"codec": codec, "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
             "layers": int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0)),
             "vocab": vocab or len(tokenizer), "dtype_bytes": hf.DTYPE_BYTES[cfg.model.dtype]}
     report.facts.update(model_dir=str(folder), parameters=params, model_type=config.model_type)
@@ -316,29 +338,25 @@ def _known_templates() -> set[str]:
 def _prompt_lengths(codec: Codec, pairs: list[tuple[Item, str]]) -> list[int]:
     """Prompt tokens of each (item, template), as the codec builds them (chat template rendered
     once per distinct text, tokenized in one batch)."""
-    from .train.codec import HfCodec, instruction
+    from .train.codec import HfCodec
     from .train.task import render
 
     if not isinstance(codec, HfCodec):
         return [len(codec.prompt(t, it)) for it, t in pairs]
-    tok = codec.tokenizer
-    contents = [f"{instruction()}\n\n{render(t, it)}" for it, t in pairs]
+    contents = [codec.user_message(render(t, it)) for it, t in pairs]
     # The chat template around one user message is the same for every message: render it once around
     # a marker and splice; checked against a full rendering of the first prompt.
     marker = "\x00GGPO-CONTENT\x00"
-    shell = tok.apply_chat_template([{"role": "user", "content": marker}], tokenize=False, add_generation_prompt=True)
+    shell = codec.chat_text(marker)
+    texts = None
     if shell.count(marker) == 1:
         head, tail = shell.split(marker)
         texts = [head + c + tail for c in contents]
-        if texts[0] != tok.apply_chat_template([{"role": "user", "content": contents[0]}], tokenize=False,
-                                               add_generation_prompt=True):
+        if texts[0] != codec.chat_text(contents[0]):
             texts = None
-    else:
-        texts = None
     if texts is None:
-        texts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
-                 for c in contents]
-    return [len(ids) for ids in tok(texts, add_special_tokens=False)["input_ids"]]
+        texts = [codec.chat_text(c) for c in contents]
+    return [len(ids) for ids in codec.tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
 # -- precision, memory ----------------------------------------------------------------------------------
@@ -363,7 +381,7 @@ def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks
         rows=rows, seq_len=cfg.max_model_len, hidden=model["hidden"], layers=model["layers"], vocab=model["vocab"],
         gradient_checkpointing=bool(cfg.model and cfg.model.gradient_checkpointing), rollout=cfg.rollout,
         vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes, chunk_tokens=cfg.logprob_chunk_tokens,
-        chunk_vocab=cfg.logprob_chunk_vocab)
+        chunk_vocab=cfg.logprob_chunk_vocab, tensor_parallel_size=cfg.tensor_parallel_size)
     report.facts["gpu_memory_estimate_gib"] = {k: round(v / GIB, 2) for k, v in parts.items()}
     report.facts["gpu_memory_gib"] = gpu_bytes / GIB
     if parts["total"] > gpu_bytes:

@@ -12,6 +12,7 @@ import pytest
 from ggpo_batch import preflight
 from ggpo_batch.spec import load_spec
 from tests.support.paths import JOBS
+from tests.support.specs import flagship_with
 
 EXPERIMENT_SPECS = sorted(p for p in JOBS.glob("*.toml") if "[experiment]" in p.read_text())
 
@@ -36,19 +37,20 @@ def test_every_spec_passes_preflight_or_names_only_absent_inputs(path: Path):
 def test_the_flagship_passes_preflight_once_its_placeholders_name_real_files(tmp_path: Path):
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+    from ggpo_batch.train.tiny_hf import (
+        THINKING_CHAT_TEMPLATE,
+        build_checkpoint,
+        build_qa_set,
+    )
 
-    model = build_checkpoint(tmp_path / "model")
+    # A Qwen3-like hybrid chat template, as the flagship's Qwen3 checkpoint has (it reads enable_thinking).
+    model = build_checkpoint(tmp_path / "model", chat_template=THINKING_CHAT_TEMPLATE)
     data = build_qa_set(tmp_path / "qa", n_train=200, n_eval=160)
-    flagship = JOBS / "exposure-5arm.toml"
-    spec = load_spec(flagship)
-    text = flagship.read_text().replace(spec.train["model"]["path"], str(model))
-    for key in ("train", "eval", "passages"):
-        text = text.replace(spec.train["data"][key], str(data[key]))
-    mine = tmp_path / "exposure-5arm.toml"
-    mine.write_text(text)
+    spec = load_spec(JOBS / "exposure-5arm.toml")
+    mine = flagship_with(tmp_path, model, data)
     report = preflight.check(load_spec(mine))
     assert report.ok, report.lines()
+    assert spec.train["model"]["chat_template_kwargs"] == {"enable_thinking": False}
     assert report.facts["eval_items"] == 160 >= max(a.exposed_items for a in spec.arms)
     assert report.facts["gpu_memory_estimate_gib"]["total"] <= report.facts["gpu_memory_gib"] == 80
     # The reference sizes (seeds/000): 5 arms x 3 seeds, 150 exposed items over 2 templates, 2700 s, 4 GPUs.

@@ -55,9 +55,18 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
 
     Preflight first: what would fail on the allocation (the model directory and tokenizer, the data
     files and their sizes against the arms, prompts against max_model_len, GPU memory) is refused
-    here, one line per problem, exit 2, nothing written. Enqueueing the same spec again adds nothing.
+    here, one line per problem, exit 2, nothing written; --dry-run prints the GPU-memory estimate term by
+    term against the profile's gpu_memory_gib. Enqueueing the same spec again adds nothing.
     A changed spec under the same experiment name is refused with a diff unless --new-version. Over a GPU-hour cap nothing is queued and the
     decision is recorded (exit code 3) unless --accept-cost --reason TEXT.
+
+    \b
+    --json: {"experiment", "version", "queue", "dry_run", "runs": [{"run_key", "arm", "seed", "gpus",
+    "nodes", "new", "estimated_gpu_hours"}], "enqueued", "restored", "estimated_gpu_hours", "cost_basis",
+    "within_caps", "preflight": {what preflight measured: "parameters", "model_dir", "model_type",
+    "train_items", "eval_items", "passages", "longest_prompt_tokens", "episode_tokens_at_most",
+    "max_model_len", "gpu_memory_estimate_gib": {each term of gpu_memory.py: GiB, "total"},
+    "gpu_memory_gib": one GPU of the profile}} (preflight keys only where measured).
     """
     from ..enqueue import enqueue_spec
     from ..spec import load_spec
@@ -92,6 +101,13 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                    f"({res.estimate.cost_basis})")
     if res.preflight is not None:
         click.echo(f"preflight: ok{_facts(res.preflight.facts)}")
+        mem = res.preflight.facts.get("gpu_memory_estimate_gib")
+        if res.dry_run and mem:
+            from ..gpu_memory import breakdown
+
+            click.echo("GPU memory per GPU, by term (ggpo_batch/gpu_memory.py):")
+            for line in breakdown(mem, res.preflight.facts["gpu_memory_gib"]):
+                click.echo(line)
     if res.dry_run:
         click.echo("dry run: nothing written")
     else:

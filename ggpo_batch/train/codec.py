@@ -6,7 +6,7 @@ tokens. Two codecs behind one interface, chosen by the spec (`make_codec`):
   DOC_CLOSE, tokens the policy can never produce.
 - `HfCodec`, a pretrained checkpoint's: its own tokenizer and chat template. The prompt is the
   chat template's rendering of one user message (the tool instructions and the question) with the
-  assistant turn opened. The protocol is text the model writes and the environment parses: a turn
+  assistant turn opened, with the spec's template keywords (`chat_template_kwargs`). The protocol is text the model writes and the environment parses: a turn
   that writes `<search>query</search>` is a search call (generation stops at `</search>`); the
   environment appends the passages as `<information>...</information>` tokens (tool output, never
   under the loss); any other turn is the answer, ended by the tokenizer's EOS, the text inside
@@ -19,7 +19,7 @@ holds exactly the tokens the rollout backend generated.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import tokenizer as byte
@@ -137,9 +137,12 @@ class HfCodec(Codec):
 
     stop_strings = (SEARCH_CLOSE,)
 
-    def __init__(self, tokenizer: Any, *, max_model_len: int, eos_ids: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Any, *, max_model_len: int, eos_ids: Sequence[int] = (),
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
+        # The template's keywords (`[train.model] chat_template_kwargs`): every prompt is rendered with them.
+        self.chat_template_kwargs = dict(chat_template_kwargs or {})
         eos = [i for i in (tokenizer.eos_token_id, *eos_ids) if i is not None]
         if not eos:
             raise ValueError("the tokenizer has no EOS token")
@@ -160,9 +163,20 @@ class HfCodec(Codec):
         # token such as the chat template's end-of-turn.
         return list(self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"])
 
+    @staticmethod
+    def user_message(question_text: str) -> str:
+        """The one user message of a prompt: the tool instructions, then the question."""
+        return f"{instruction()}\n\n{question_text}"
+
+    def chat_text(self, content: str) -> str:
+        """The chat template's rendering of one user message `content` with the assistant turn opened,
+        with the spec's template keywords: the one place a prompt is rendered (training, evaluation,
+        the weight-sync probe and preflight all come here)."""
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": content}], tokenize=False,
+                                                  add_generation_prompt=True, **self.chat_template_kwargs)
+
     def chat_prompt(self, question_text: str) -> list[int]:
-        messages = [{"role": "user", "content": f"{instruction()}\n\n{question_text}"}]
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = self.chat_text(self.user_message(question_text))
         # The template's own special tokens (BOS, turn markers) are in `text`: parse them as such.
         return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -213,4 +227,5 @@ def make_codec(cfg: TrainConfig, model_dir: str | None = None) -> Codec:
     from .hf import eos_ids, load_tokenizer
 
     folder = model_dir or cfg.model.path
-    return HfCodec(load_tokenizer(folder), max_model_len=cfg.model.max_model_len, eos_ids=eos_ids(folder))
+    return HfCodec(load_tokenizer(folder), max_model_len=cfg.model.max_model_len, eos_ids=eos_ids(folder),
+                   chat_template_kwargs=cfg.model.chat_template_kwargs)

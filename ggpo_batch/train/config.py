@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +36,20 @@ class ModelConfig:
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
     max_model_len: int = 4096  # prompt + every turn + tool output of one trajectory, in tokens
+    # Keywords of the chat template, passed wherever a prompt is rendered (train/chat_template.py:
+    # `{ enable_thinking = false }` for a Qwen3-class hybrid template; preflight refuses a thinking
+    # switch left at its default and a keyword the template never reads).
+    chat_template_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
 
     @classmethod
     def from_table(cls, table: Any, path: str) -> ModelConfig:
+        from .chat_template import validate_kwargs
+
         t = _subtable(table, path, "model")
         if "path" not in t:
             raise SpecError(path, "train.model.path", "is required (a Hugging Face checkpoint directory)")
-        values = {k: _coerce(v, getattr(cls, k, ""), path, f"model.{k}") for k, v in t.items()}
+        values = {k: validate_kwargs(v, path) if k == "chat_template_kwargs" else
+                  _coerce(v, getattr(cls, k, ""), path, f"model.{k}") for k, v in t.items()}
         cfg = cls(**values)
         if not cfg.path.strip():
             raise SpecError(path, "train.model.path", "must not be empty")

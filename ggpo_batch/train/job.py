@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from dataclasses import replace
@@ -26,6 +27,7 @@ from typing import Any
 
 import submitit
 
+from .. import versions
 from ..allocation import PREEMPTED_EXIT_CODE, allocation_start, details_of
 from ..config import mlflow_uri
 from ..errors import GgpoError
@@ -160,6 +162,9 @@ class TrainingJob(submitit.helpers.Checkpointable):
 
     def __call__(self) -> dict[str, Any]:
         t0 = allocation_start()
+        # The allocation's libraries, before anything is imported for training or trained (versions.py).
+        run_cfg = TrainConfig.from_table(RunSpec.from_json(self.spec_json).train, "<run spec>")
+        versions.require(versions.needed(run_cfg), f"the allocation ({socket.gethostname()})")
         rank, world, local_rank, under_submitit = _distributed_env()
         preload()
         import torch

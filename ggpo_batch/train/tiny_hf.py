@@ -28,6 +28,17 @@ CHAT_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# ChatML with Qwen3's thinking switch (the end of Qwen3's hybrid template): it thinks by default and
+# shows nothing of it in the prompt; `enable_thinking=False` writes an empty reasoning block after the
+# generation prompt. For tests of `[train.model] chat_template_kwargs` (train/chat_template.py).
+THINKING_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
+    "{%- endif %}"
+)
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 
@@ -102,8 +113,9 @@ def _tokenizer_text(items: list[dict], passages: list[dict]) -> list[str]:
     return lines
 
 
-def build_tokenizer(folder: Path, text: list[str], vocab_size: int = 512):  # type: ignore[no-untyped-def]
-    """A byte-level BPE tokenizer trained on `text`, with ChatML special tokens and chat template."""
+def build_tokenizer(folder: Path, text: list[str], vocab_size: int = 512,  # type: ignore[no-untyped-def]
+                    chat_template: str = CHAT_TEMPLATE):
+    """A byte-level BPE tokenizer trained on `text`, with ChatML special tokens and `chat_template`."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -117,7 +129,7 @@ def build_tokenizer(folder: Path, text: list[str], vocab_size: int = 512):  # ty
     # (Qwen's <tool_call>): one token each, kept by decode(skip_special_tokens=True).
     tok.add_tokens(list(PROTOCOL_TAGS))
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE,
+                                   bos_token=None, unk_token=None, chat_template=chat_template,
                                    model_max_length=1 << 16)
     fast.save_pretrained(folder)
     return fast
@@ -125,8 +137,9 @@ def build_tokenizer(folder: Path, text: list[str], vocab_size: int = 512):  # ty
 
 def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, layers: int = 2, heads: int = 2,
                      kv_heads: int = 1, max_positions: int = 8192, vocab_size: int = 512, seed: int = 0,
-                     qa_seed: int = 0) -> Path:
-    """A tiny causal LM (`arch` qwen2 or llama) with its BPE tokenizer in `folder`; returns `folder`."""
+                     qa_seed: int = 0, chat_template: str = CHAT_TEMPLATE) -> Path:
+    """A tiny causal LM (`arch` qwen2 or llama) with its BPE tokenizer (and `chat_template`) in
+    `folder`; returns `folder`."""
     import torch
     from transformers import (
         GenerationConfig,
@@ -139,7 +152,7 @@ def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, lay
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     items, passages = qa_rows(400, qa_seed)
-    tok = build_tokenizer(folder, _tokenizer_text(items, passages), vocab_size)
+    tok = build_tokenizer(folder, _tokenizer_text(items, passages), vocab_size, chat_template)
     eos, pad = tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
     common = {"vocab_size": max(vocab_size, len(tok)), "hidden_size": hidden, "intermediate_size": 2 * hidden,
               "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
@@ -156,6 +169,19 @@ def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, lay
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def with_chat_template(source: Path, folder: Path, template: str) -> Path:
+    """A copy of the checkpoint `source` in `folder` whose tokenizer carries `template` instead."""
+    import shutil
+
+    from .hf import load_tokenizer
+
+    shutil.copytree(source, folder)
+    tok = load_tokenizer(folder)
+    tok.chat_template = template
+    tok.save_pretrained(folder)
+    return Path(folder)
 
 
 def main(argv: list[str] | None = None) -> int:

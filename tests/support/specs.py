@@ -34,6 +34,50 @@ def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev
     return path
 
 
+ONE_SEED_SPEC = """
+schema = 1
+[experiment]
+name = "{name}"
+method = "ggpo"
+seeds = [7]
+gpus = {gpus}
+loop_budget_seconds = 1.5
+executor = "{executor}"
+profile = "{profile}"
+max_gpu_hours = 1.0
+[overheads]
+setup_export_seconds = 1
+audit_seconds = 1
+evaluation_seconds = 1
+"""
+
+
+def one_seed_spec(folder: Path, name: str, body: str, *, gpus: int = 4, executor: str = "local",
+                  profile: str = "default") -> Path:
+    """A spec of seed 7 and a 1.5 s loop budget whose `body` (its [train...] and [arms...] tables)
+    follows the [experiment] and [overheads] tables, written to `folder`/`name`.toml."""
+    path = folder / f"{name}.toml"
+    path.write_text(ONE_SEED_SPEC.format(name=name, gpus=gpus, executor=executor, profile=profile) + body)
+    return path
+
+
+def flagship_with(folder: Path, model: Path, data: dict[str, Path]) -> Path:
+    """jobs/exposure-5arm.toml with its placeholders (model directory, data files) pointed at `model`
+    and `data` (build_qa_set's files), written to `folder`."""
+    from ggpo_batch.spec import load_spec
+
+    from .paths import JOBS
+
+    flagship = JOBS / "exposure-5arm.toml"
+    spec = load_spec(flagship)
+    text = flagship.read_text().replace(spec.train["model"]["path"], str(model))
+    for key in ("train", "eval", "passages"):
+        text = text.replace(spec.train["data"][key], str(data[key]))
+    mine = folder / "exposure-5arm.toml"
+    mine.write_text(text)
+    return mine
+
+
 # A nightly suite small enough for a test: seeds, width and steps cut to the bone.
 TINY_SUITE = """
 schema = 1

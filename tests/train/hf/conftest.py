@@ -13,8 +13,8 @@ pytest.importorskip("tokenizers")
 
 from ggpo_batch.runspec import RunSpec
 from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
-
 from tests.support.arms import ARMS
+from tests.support.specs import one_seed_spec
 
 
 @pytest.fixture(scope="session")
@@ -75,3 +75,53 @@ def one_rank():  # type: ignore[no-untyped-def]
     release_process_group()
     os.environ.clear()
     os.environ.update(saved)
+
+
+# The [train...] and [arms...] tables of `write`'s spec (tests/support/specs.py writes the rest).
+HF_SPEC_BODY = """
+[train]
+max_new_tokens = 16
+max_turns = 3
+passage_max_bytes = 96
+eval_size = 4
+{train}
+[train.model]
+path = "{model}"
+dtype = "{dtype}"
+max_model_len = {max_model_len}
+{model_extra}
+[train.data]
+train = "{train_file}"
+eval = "{eval_file}"
+passages = "{passages_file}"
+[arms.clean]
+[arms.paired]
+exposure = "paired"
+exposed_items = {exposed}
+templates = ["train_direct", "train_role"]
+"""
+
+
+@pytest.fixture
+def write(tmp_path, tiny_hf, qa_files):  # type: ignore[no-untyped-def]
+    """write(**fields) -> a spec file for the tiny checkpoint and QA set, with fields replaced
+    (`train`: more [train] lines, `model_extra`: more [train.model] lines)."""
+
+    def make(**fields: object) -> Path:
+        values = {"name": "hf-pre", "gpus": 4, "executor": "local", "profile": "default", "model": tiny_hf,
+                  "dtype": "float32", "max_model_len": 1024, "exposed": 4, "train": "", "model_extra": "",
+                  "train_file": qa_files["train"], "eval_file": qa_files["eval"], "passages_file": qa_files["passages"]}
+        values.update(fields)
+        return one_seed_spec(tmp_path, str(values["name"]), HF_SPEC_BODY.format(**values), gpus=int(values["gpus"]),
+                             executor=str(values["executor"]), profile=str(values["profile"]))
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def thinking_hf(tiny_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny checkpoint with a Qwen3-like hybrid chat template: it reads `enable_thinking` and
+    thinks by default (tiny_hf.THINKING_CHAT_TEMPLATE)."""
+    from ggpo_batch.train.tiny_hf import THINKING_CHAT_TEMPLATE, with_chat_template
+
+    return with_chat_template(tiny_hf, tmp_path_factory.mktemp("thinking-hf") / "model", THINKING_CHAT_TEMPLATE)

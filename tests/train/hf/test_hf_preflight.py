@@ -18,58 +18,6 @@ from ggpo_batch import preflight
 from ggpo_batch.spec import load_spec
 from tests.support.paths import JOBS
 
-SPEC = """
-schema = 1
-[experiment]
-name = "{name}"
-method = "ggpo"
-seeds = [7]
-gpus = {gpus}
-loop_budget_seconds = 1.5
-executor = "{executor}"
-profile = "{profile}"
-max_gpu_hours = 1.0
-[overheads]
-setup_export_seconds = 1
-audit_seconds = 1
-evaluation_seconds = 1
-[train]
-max_new_tokens = 16
-max_turns = 3
-passage_max_bytes = 96
-eval_size = 4
-{train}
-[train.model]
-path = "{model}"
-dtype = "{dtype}"
-max_model_len = {max_model_len}
-[train.data]
-train = "{train_file}"
-eval = "{eval_file}"
-passages = "{passages_file}"
-[arms.clean]
-[arms.paired]
-exposure = "paired"
-exposed_items = {exposed}
-templates = ["train_direct", "train_role"]
-"""
-
-
-@pytest.fixture
-def write(tmp_path, tiny_hf, qa_files):  # type: ignore[no-untyped-def]
-    """write(**fields) -> a spec file for the tiny checkpoint and QA set, with fields replaced."""
-
-    def make(**fields: object) -> Path:
-        values = {"name": "hf-pre", "gpus": 4, "executor": "local", "profile": "default", "model": tiny_hf,
-                  "dtype": "float32", "max_model_len": 1024, "exposed": 4, "train": "",
-                  "train_file": qa_files["train"], "eval_file": qa_files["eval"], "passages_file": qa_files["passages"]}
-        values.update(fields)
-        path = tmp_path / f"{values['name']}.toml"
-        path.write_text(SPEC.format(**values))
-        return path
-
-    return make
-
 
 def copy_model(tiny_hf: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "model-copy"
