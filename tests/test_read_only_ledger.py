@@ -159,9 +159,10 @@ def log_in_use(source: Path, folder: Path, *, shm: bool) -> None:
         for side in ("", "-wal") + (("-shm",) if shm else ()):
             shutil.copyfile(f"{held}{side}", folder / f"ledger.sqlite3{side}")
     shutil.rmtree(work)
-    with closing(sqlite3.connect(f"file:{folder / 'ledger.sqlite3'}?immutable=1", uri=True)) as without_log:
-        with pytest.raises(sqlite3.OperationalError, match="no such table"):  # the data is in the log only
-            without_log.execute("SELECT count(*) FROM runs").fetchone()
+    # the data is in the log only: read without it, the file has no tables
+    with (closing(sqlite3.connect(f"file:{folder / 'ledger.sqlite3'}?immutable=1", uri=True)) as without_log,
+          pytest.raises(sqlite3.OperationalError, match="no such table")):
+        without_log.execute("SELECT count(*) FROM runs").fetchone()
 
 
 def read_only(folder: Path, *, colleague: bool) -> None:
@@ -279,6 +280,36 @@ def owner_may_write(folder: Path) -> Iterator[None]:
         yield
     finally:
         read_only(folder, colleague=False)
+
+
+@pytest.mark.slow
+def test_a_ledger_one_may_not_even_read_is_refused_as_not_permitted(tmp_path: Path) -> None:
+    """A ledger file one may not read, or one in a folder one may not open: exit 6, one line naming
+    the file (not "unavailable", and not "run db upgrade" as if it were absent)."""
+    prefix = unprivileged_prefix()
+    unreadable, closed = tmp_path / "unreadable", tmp_path / "closed"
+    for folder in (unreadable, closed):
+        folder.mkdir()
+        build_ledger(f"sqlite:///{folder / 'ledger.sqlite3'}", tmp_path / "data" / "jobs")
+    (unreadable / "ledger.sqlite3").chmod(0o600)
+    closed.chmod(0o700)
+    if os.geteuid() == 0:  # another user's
+        os.chown(unreadable / "ledger.sqlite3", 65534, 65534)
+        os.chown(closed, 65534, 65534)
+    else:
+        (unreadable / "ledger.sqlite3").chmod(0o000)
+        closed.chmod(0o000)
+    try:
+        for folder, why in ((unreadable, "you may not read the file"), (closed, f"you may not open its folder {closed}")):
+            env = cli_env(GGPO_DB_URL=f"sqlite:///{folder / 'ledger.sqlite3'}", GGPO_REDIS_URL="memory://",
+                          GGPO_DATA_DIR=str(tmp_path / "data"))
+            proc = subprocess.run([*prefix, sys.executable, "-m", "ggpo_batch.cli", "status"], env=env, cwd=REPO,
+                                  capture_output=True, text=True, timeout=120, check=False)
+            lines = proc.stderr.strip().splitlines()
+            assert proc.returncode == 6 and len(lines) == 1, proc.stderr[-2000:]
+            assert lines[0].startswith(f"error: not permitted: reading the ledger {folder / 'ledger.sqlite3'}, {why}")
+    finally:
+        closed.chmod(0o755)
 
 
 # -- PostgreSQL --------------------------------------------------------------------------------------

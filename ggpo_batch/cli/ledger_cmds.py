@@ -38,9 +38,9 @@ def db_downgrade(app: App, revision: str, yes: bool) -> None:
     """Revert migrations down to REVISION ('base' = empty database)."""
     from ..ledger.db import current_revision, downgrade
 
+    engine = app.engine(check=False)  # a ledger this user may not write is refused before asking
     if not yes:
         click.confirm(f"Downgrade the ledger to {revision}? Data in dropped tables is lost", abort=True)
-    engine = app.engine(check=False)
     before = current_revision(engine)
     downgrade(engine, revision)
     click.echo(f"ledger: {before} -> {current_revision(engine) or 'base'}")

@@ -76,9 +76,16 @@ def make_engine(url: str, *, pre_ping: bool = True, reading: bool = False) -> En
         return engine
     # A host that accepts the connection but never answers (another service on that port, a
     # firewall that drops packets) must not hang a command: bounded connect, TCP keepalives after.
-    wanted = {**PG_CONNECT_ARGS, **({"options": "-c default_transaction_read_only=on"} if reading else {})}
-    connect_args = {k: v for k, v in wanted.items() if k not in u.query}
-    return create_engine(url, pool_pre_ping=pre_ping, pool_size=2, max_overflow=4, connect_args=connect_args)
+    connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in u.query}
+    engine = create_engine(url, pool_pre_ping=pre_ping, pool_size=2, max_overflow=4, connect_args=connect_args)
+    if reading:
+        # psycopg then opens every transaction with BEGIN READ ONLY: no extra round trip, and no
+        # startup option a connection pooler (pgbouncer) might refuse.
+        @event.listens_for(engine, "connect")
+        def _read_only(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            dbapi_conn.read_only = True
+
+    return engine
 
 
 def _sqlite_pragmas(dbapi_conn, *pragmas: str) -> None:  # type: ignore[no-untyped-def]

@@ -1,8 +1,8 @@
 """Reading a ledger one may not write, and refusing a write before it starts.
 
 A reading command (`status`, `report`, `ledger export`, `logs`, `dashboard`, `db current`, `enqueue
---dry-run`) opens the ledger so that it writes nothing at all: on PostgreSQL every transaction is
-read-only; on SQLite no journal mode is set, transactions begin DEFERRED, `query_only` is on, and
+--dry-run`) opens the ledger so that it writes nothing at all: on PostgreSQL every transaction
+begins READ ONLY; on SQLite no journal mode is set, transactions begin DEFERRED, `query_only` is on, and
 the file is opened as what lies beside it allows (`plan_sqlite_read`, measured on SQLite 3.40):
 
 | the ledger file is            | beside it                                 | opened       | answers            |
@@ -69,8 +69,15 @@ class ReadPlan:
 def plan_sqlite_read(path: Path) -> ReadPlan:
     """How to read the SQLite ledger at `path` now, writing nothing (the module's table)."""
     wal, shm = _beside(path, "-wal"), _beside(path, "-shm")
-    if not path.exists():
+    try:
+        path.stat()
+    except FileNotFoundError:
         return ReadPlan("absent", "no such file: read as an empty database")
+    except OSError as exc:  # a folder one may not enter
+        raise NotPermitted(f"reading the ledger {path}", f"you may not open its folder {path.parent} "
+                           f"({exc.strerror})") from None
+    if not os.access(path, os.R_OK):
+        raise NotPermitted(f"reading the ledger {path}", "you may not read the file")
     if _may_write(path) and _may_write(path.parent):
         return ReadPlan("mode=ro", "writable by you: read through SQLite's own locks")
     if wal.exists() and os.access(shm, os.R_OK):
