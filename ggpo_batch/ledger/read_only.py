@@ -2,21 +2,23 @@
 
 A reading command (`status`, `report`, `ledger export`, `logs`, `dashboard`, `db current`, `enqueue
 --dry-run`) opens the ledger so that it writes nothing at all: on PostgreSQL every transaction
-begins READ ONLY; on SQLite no journal mode is set, transactions begin DEFERRED, `query_only` is on, and
-the file is opened as what lies beside it allows (`plan_sqlite_read`, measured on SQLite 3.40):
+begins READ ONLY; on SQLite no journal mode is set, transactions begin DEFERRED, `query_only` is
+on, and the file is opened as what lies beside it allows (`plan_sqlite_read`; SQLite 3.40):
 
-| the ledger file is            | beside it                                 | opened       | answers            |
-| writable by you (and folder)  | anything                                  | `mode=ro`    | current            |
-| read-only to you              | a `-wal` and a readable `-shm`            | `mode=ro`    | current            |
-| read-only to you              | no `-wal` (or an empty one, no `-shm`)    | `immutable=1`| see below          |
-| read-only to you              | a `-wal` with transactions, no `-shm`     | a private copy of file and log, `mode=ro` | the copy's |
-| absent                        |                                           | an empty database (nothing is created) | "run db upgrade" |
+| the ledger file is           | beside it                               | opened                 | answers          |
+| writable by you (and folder) | anything                                | `mode=ro`              | current          |
+| read-only to you             | a `-wal` and a readable `-shm`          | `mode=ro`              | current          |
+| read-only to you             | no `-wal` (or an empty one, no `-shm`)  | `immutable=1`          | see below        |
+| read-only to you             | a `-wal` with commits, no readable `-shm` | a copy of both, `mode=ro` | the copy's |
+| absent                       |                                         | an empty database      | "run db upgrade" |
+| not readable by you          |                                         | refused, exit 6        |                  |
 
 `mode=ro` alone fails in the last three rows: SQLite must create the `-wal` and `-shm` beside a WAL
 database to read it ("attempt to write a readonly database"; "unable to open database file" when a
 `-wal` is there without its `-shm`), and files made beside a ledger one may not write would belong
 to the reader, where its owner's writers could not use them. `immutable=1` ignores a `-wal`: it
-would miss the transactions of the fourth row, which a copy replays.
+would miss the transactions of the fourth row, which a copy (in the temporary folder, removed when
+the process ends) replays.
 
 Staleness: an immutable or copied connection is checked whenever the pool hands it out, and
 replaced (opened again by the table) when the file or its `-wal` changed since it was opened, so
