@@ -33,18 +33,11 @@ from ggpo_batch.joblogs import log_path
 from tests.dashboard.server import Dashboard, cli_env, get, ggpo
 from tests.support.paths import REPO, SEED_000
 from tests.support.services import wipe_pg
+from tests.support.specs import DEBUG_SPEC
 from tests.support.unprivileged import unprivileged_prefix
 
 LIVE_KEY = "live-v1-1-clean"
-SPEC = """[experiment]
-name = "dry"
-method = "ggpo"
-seeds = [1, 2]
-executor = "debug"
-loop_budget_seconds = 1
-[arms.clean]
-exposure = "none"
-"""
+SPEC = DEBUG_SPEC.format(name="dry")
 
 # Every command that only reads, in the forms a script and a person use.
 READERS = [

@@ -26,6 +26,7 @@ from sqlalchemy import create_engine, text
 from ggpo_batch.cli import cli
 from ggpo_batch.netutil import free_port
 from tests.support.paths import REPO, SEED_000
+from tests.support.specs import DEBUG_SPEC
 from tests.support.unprivileged import unprivileged_prefix
 
 TABLES = ("experiments", "runs", "attempts", "events", "decisions")
@@ -116,15 +117,7 @@ def with_seed(seed: int):  # type: ignore[no-untyped-def]
     return mutate
 
 
-SPEC = """[experiment]
-name = "{name}"
-method = "ggpo"
-seeds = [1, 2]
-executor = "debug"
-loop_budget_seconds = 1
-[arms.clean]
-exposure = "none"
-"""
+SPEC = DEBUG_SPEC
 
 
 @pytest.fixture
