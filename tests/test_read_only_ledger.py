@@ -104,18 +104,30 @@ def batch(env: dict[str, str], *, commands: list[list[str]], routes: list[str] =
 
 
 def answers(result: dict[str, Any], hide: str) -> list[Any]:
-    """What each command and route answered, with the case's own ledger location written as <ledger>."""
+    """What each reading command and API route answered, the case's ledger location written as <ledger>."""
     def clean(s: str) -> str:
         return s.replace(hide, "<ledger>")
 
-    shown = [(c["args"], c["exit"], clean(c["stdout"]), clean(c["stderr"]), c["bug"]) for c in result["commands"]]
+    shown = [(c["args"], c["exit"], clean(c["stdout"]), clean(c["stderr"]), c["bug"])
+             for c in result["commands"][:len(READERS)]]
     return shown + [(route, status, clean(body)) for route, (status, body) in zip(ROUTES, result["routes"])
                     if route in API_ROUTES]
 
 
+def assert_answered(result: dict[str, Any]) -> None:
+    """Every reading command exit 0 with something on stdout, every route 200: a reference worth
+    comparing with."""
+    failed = [(c["args"], c["exit"], c["stderr"][-500:]) for c in result["commands"] if c["exit"] or not c["stdout"]]
+    assert not failed, failed
+    assert [status for status, _ in result["routes"]] == [200] * len(ROUTES)
+    assert "rank 0 says hello" in " ".join(c["stdout"] for c in result["commands"])  # `logs` read the job's log
+
+
 def assert_refusals(result: dict[str, Any], *, names: list[str]) -> None:
-    """Each writer: exit 6, one line `error: not permitted: ...` holding every one of `names`."""
-    for c in result["commands"]:
+    """Each writer (after the readers): exit 6, one line `error: not permitted: ...` holding every one
+    of `names`."""
+    assert len(result["commands"]) == len(READERS) + len(WRITERS)
+    for c in result["commands"][len(READERS):]:
         lines = c["stderr"].strip().splitlines()
         assert c["exit"] == 6 and c["bug"] is None, (c["args"], c["exit"], c["stderr"], c["bug"])
         assert len(lines) == 1 and lines[0].startswith("error: not permitted: "), (c["args"], c["stderr"])
@@ -216,18 +228,15 @@ def test_sqlite_ledger_read_only_to_the_user_answers_like_the_writable_one(tmp_p
     try:
         expected = batch(env(reference), commands=filled(READERS, spec), routes=ROUTES)
         assert expected["plan"] == "mode=ro"
-        assert all(c["exit"] == 0 for c in expected["commands"]), [(c["args"], c["stderr"])
-                                                                     for c in expected["commands"] if c["exit"]]
-        assert all(status == 200 for status, _ in expected["routes"])
+        assert_answered(expected)
         want = answers(expected, str(reference))
         for name, folder in cases.items():
             before = files_of(folder)
-            got = batch(env(folder), commands=filled(READERS, spec), routes=ROUTES, prefix=prefix)
+            got = batch(env(folder), commands=filled(READERS + WRITERS, spec), routes=ROUTES, prefix=prefix)
             assert got["plan"] == plans[name], name
             assert answers(got, str(folder)) == want, name
             assert all(status == 200 for status, _ in got["routes"]), name
-            refused = batch(env(folder), commands=filled(WRITERS, spec), prefix=prefix)
-            assert_refusals(refused, names=[str(folder / "ledger.sqlite3"), "read-only to you"])
+            assert_refusals(got, names=[str(folder / "ledger.sqlite3"), "read-only to you"])
             assert files_of(folder) == before, name
     finally:
         for f in folders:
@@ -367,15 +376,13 @@ def test_postgres_role_granted_only_select_reads_like_the_owner_and_may_not_writ
         return cli_env(GGPO_DB_URL=url, GGPO_REDIS_URL="memory://", GGPO_DATA_DIR=str(data), GGPO_USER="reader")
 
     expected = batch(env(admin_url), commands=filled(READERS, spec), routes=ROUTES)
-    assert all(c["exit"] == 0 for c in expected["commands"]), [(c["args"], c["stderr"])
-                                                                 for c in expected["commands"] if c["exit"]]
+    assert_answered(expected)
     before = table_contents(admin_url)
-    got = batch(env(reader_url), commands=filled(READERS, spec), routes=ROUTES)
+    got = batch(env(reader_url), commands=filled(READERS + WRITERS, spec), routes=ROUTES)
     hide = make_url(admin_url).render_as_string(hide_password=True).split("@", 1)[1]
     assert answers(got, f"{role}@{hide}") == answers(expected, f"postgres@{hide}")
     assert all(status == 200 for status, _ in got["routes"])
-    refused = batch(env(reader_url), commands=filled(WRITERS, spec))
-    assert_refusals(refused, names=[f"role {role!r}", "INSERT"])
+    assert_refusals(got, names=[f"role {role!r}", "INSERT"])
     assert table_contents(admin_url) == before
 
 
