@@ -386,6 +386,30 @@ def test_postgres_role_granted_only_select_reads_like_the_owner_and_may_not_writ
     assert table_contents(admin_url) == before
 
 
+def test_the_reading_commands_named_in_refusals_are_those_that_open_the_ledger_read_only() -> None:
+    """The list a refusal names (read_only.READING_COMMANDS) is the commands marked `pass_reader`,
+    plus `enqueue --dry-run`; every command is registered (so none is missed)."""
+    import click
+
+    from ggpo_batch.cli.app import COMMAND_MODULES, cli
+    from ggpo_batch.ledger.read_only import READING_COMMANDS
+
+    ctx = click.Context(cli)
+    marked = set()
+
+    def walk(command: click.Command, path: str) -> None:
+        if getattr(command.callback, "reads_only", False):
+            marked.add(path.strip())
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, f"{path} {name}")
+
+    for name in COMMAND_MODULES:
+        walk(cli.get_command(ctx, name), name)
+    assert marked | {"enqueue --dry-run"} == set(READING_COMMANDS.split(", "))
+    # every command is run in each case (the dashboard: its routes); train touches no ledger
+    assert {c[0] for c in READERS + WRITERS} | {"dashboard", "train"} == set(COMMAND_MODULES)
+
+
 # -- what a reading engine may do, on both backends -----------------------------------------------
 
 

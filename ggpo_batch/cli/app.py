@@ -255,13 +255,14 @@ def pass_reader(command: Callable[..., Any]) -> Callable[..., Any]:
     """`pass_app` for a command that only reads the ledger: it is opened read-only, so the command
     works on a ledger this user may not write (ggpo_batch/ledger/read_only.py)."""
 
-    @pass_app
     @functools.wraps(command)
     def reader(app: App, *args: Any, **kwargs: Any) -> Any:
         app.reads_only = True
         return command(app, *args, **kwargs)
 
-    return reader
+    callback = pass_app(reader)
+    callback.reads_only = True  # type: ignore[attr-defined]  (tests/test_read_only_ledger.py lists them)
+    return callback
 
 
 def invoked_command_name(ctx: click.Context | None = None) -> str:
