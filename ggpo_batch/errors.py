@@ -59,3 +59,16 @@ class CostCapExceeded(GgpoError):
     """A spec's estimated GPU-hours are over a cap; nothing was queued."""
 
     exit_code = 3
+
+
+class NotPermitted(GgpoError):
+    """Something the user may not do (write a ledger that is read-only to them; later, act outside
+    their team's grants), refused before anything changed: exit 6. The message says what was
+    refused and why, in one line: "not permitted: <what>, <why>"."""
+
+    exit_code = 6
+
+    def __init__(self, what: str, why: str) -> None:
+        self.what = what
+        self.why = why
+        super().__init__(f"not permitted: {what}, {why}")

@@ -4,6 +4,7 @@ exit 4). Command modules import from here; `cli/__init__` gathers them."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import sys
 from collections.abc import Callable
@@ -18,13 +19,15 @@ from ..errors import GgpoError
 
 
 class App:
-    """Per-invocation state: settings, the ledger's engine and the ledger, opened on first use."""
+    """Per-invocation state: settings, the ledger's engine and the ledger, opened on first use:
+    read-only for a command that only reads (`pass_reader`), else after checking this user may write."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._engine: Any = None
         self._schema_checked = False
         self._ledger: Any = None
+        self.reads_only = False
 
     @property
     def settings(self) -> Settings:
@@ -46,7 +49,16 @@ class App:
         from ..ledger.db import check_schema, make_engine
 
         if self._engine is None:
-            self._engine = make_engine(self.settings.db_url)
+            engine = make_engine(self.settings.db_url, reading=self.reads_only)
+            if not self.reads_only:  # refused here (exit 6), before the command does anything
+                from ..ledger.read_only import require_writable
+
+                try:
+                    require_writable(engine, invoked_command_name())
+                except BaseException:
+                    engine.dispose()
+                    raise
+            self._engine = engine
         if check and not self._schema_checked:
             check_schema(self._engine)
             self._schema_checked = True
@@ -69,8 +81,7 @@ class UsageLine(click.UsageError):
 
 
 def _one_line(exc: click.UsageError) -> UsageLine:
-    # The program's name, not the one it was called by (a test's runner, python -m).
-    where = " ".join(["ggpo-batch", *(exc.ctx.command_path.split()[1:] if exc.ctx is not None else [])])
+    where = invoked_command_name(exc.ctx)
     message = " ".join(exc.format_message().split())
     return UsageLine(f"{where}: {message} (see `{where} --help`)", exc.ctx)
 
@@ -170,6 +181,10 @@ def _unavailable(exc: Exception) -> tuple[str, int] | None:
         OperationalError,
     )
 
+    from ..ledger.read_only import write_refused
+
+    if (refused := write_refused(exc)) is not None:  # a write the user may not make: exit 6
+        return refused.message, refused.exit_code
     if isinstance(exc, (OperationalError, InterfaceError)):
         return f"the ledger database is unavailable: {_first(exc)}", EXIT_UNAVAILABLE
     if isinstance(exc, DataError):  # a value the limits (ggpo_batch/limits.py) should have refused
@@ -234,6 +249,27 @@ def invoked_command() -> str:
 
 
 pass_app = click.make_pass_decorator(App, ensure=True)
+
+
+def pass_reader(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`pass_app` for a command that only reads the ledger: it is opened read-only, so the command
+    works on a ledger this user may not write (ggpo_batch/ledger/read_only.py)."""
+
+    @functools.wraps(command)
+    def reader(app: App, *args: Any, **kwargs: Any) -> Any:
+        app.reads_only = True
+        return command(app, *args, **kwargs)
+
+    callback = pass_app(reader)
+    callback.reads_only = True  # type: ignore[attr-defined]  (tests/test_read_only_ledger.py lists them)
+    return callback
+
+
+def invoked_command_name(ctx: click.Context | None = None) -> str:
+    """`ggpo-batch SUBCOMMAND` of `ctx` (default: this invocation's), options left out, for messages:
+    the program's name, not the one it was called by (a test's runner, python -m)."""
+    ctx = ctx or click.get_current_context(silent=True)
+    return " ".join(["ggpo-batch", *(ctx.command_path.split()[1:] if ctx is not None else [])])
 
 
 def echo_json(kind: str, data: Any) -> None:

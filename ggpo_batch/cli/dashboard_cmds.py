@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from .app import App, cli, pass_app
+from .app import App, cli, pass_reader
 
 
 @cli.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="Address to listen on. Anything but a loopback address needs GGPO_DASHBOARD_TOKEN.")
 @click.option("--port", default=8265, show_default=True, type=click.IntRange(1, 65535), help="Port to listen on.")
-@pass_app
+@pass_reader
 def dashboard(app: App, host: str, port: int) -> None:
     """A read-only web view of the ledger: experiments with runs by state and GPU-hours spent,
     estimated and decided not spent; an experiment's live run table (state, attempts, heartbeat)

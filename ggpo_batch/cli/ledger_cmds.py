@@ -7,7 +7,7 @@ import json
 import click
 
 from ..config import redact
-from .app import COUNT_VALUE, NAME_VALUE, App, cli, echo_json, pass_app
+from .app import COUNT_VALUE, NAME_VALUE, App, cli, echo_json, pass_app, pass_reader
 
 
 @cli.group()
@@ -20,9 +20,9 @@ def db() -> None:
 @pass_app
 def db_upgrade(app: App, revision: str) -> None:
     """Apply migrations up to REVISION (creates the SQLite file if needed)."""
-    from ..ledger.db import current_revision, make_engine, upgrade
+    from ..ledger.db import current_revision, upgrade
 
-    engine = make_engine(app.settings.db_url)
+    engine = app.engine(check=False)
     before = current_revision(engine)
     upgrade(engine, revision)
     after = current_revision(engine)
@@ -36,11 +36,11 @@ def db_upgrade(app: App, revision: str) -> None:
 @pass_app
 def db_downgrade(app: App, revision: str, yes: bool) -> None:
     """Revert migrations down to REVISION ('base' = empty database)."""
-    from ..ledger.db import current_revision, downgrade, make_engine
+    from ..ledger.db import current_revision, downgrade
 
+    engine = app.engine(check=False)  # a ledger this user may not write is refused before asking
     if not yes:
         click.confirm(f"Downgrade the ledger to {revision}? Data in dropped tables is lost", abort=True)
-    engine = make_engine(app.settings.db_url)
     before = current_revision(engine)
     downgrade(engine, revision)
     click.echo(f"ledger: {before} -> {current_revision(engine) or 'base'}")
@@ -48,12 +48,12 @@ def db_downgrade(app: App, revision: str, yes: bool) -> None:
 
 @db.command("current")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@pass_app
+@pass_reader
 def db_current(app: App, as_json: bool) -> None:
     """Show the schema revision of the ledger and the one this code needs."""
-    from ..ledger.db import current_revision, head_revision, make_engine
+    from ..ledger.db import current_revision, head_revision
 
-    engine = make_engine(app.settings.db_url)
+    engine = app.engine(check=False)
     info = {"url": redact(engine.url.render_as_string(hide_password=True)), "current": current_revision(engine),
             "head": head_revision()}
     if as_json:
@@ -106,7 +106,7 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 @click.option("--nights", default=14, show_default=True, type=click.IntRange(1, 365), help="With --components.")
 @click.option("--threshold", default=0.1, show_default=True, type=click.FloatRange(0, None),
               help="With --components: relative change of a metric's mean that counts as moved.")
-@pass_app
+@pass_reader
 def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: bool, limit: int | None,
            as_json: bool, components: bool, nights: int, threshold: float) -> None:
     """Per experiment and arm: runs by state, attempts, steps, allocated GPU-hours (totals from the

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .app import COUNT_VALUE, RUN_KEY_VALUE, App, cli, echo_json, pass_app
+from .app import COUNT_VALUE, RUN_KEY_VALUE, App, cli, echo_json, pass_reader
 
 
 @cli.command()
@@ -22,7 +22,7 @@ from .app import COUNT_VALUE, RUN_KEY_VALUE, App, cli, echo_json, pass_app
 @click.option("--stream", type=click.Choice(["both", "stdout", "stderr"]), default="both", show_default=True,
               help="Which of the job's outputs (training progress is logged on stderr).")
 @click.option("--json", "as_json", is_flag=True, help="The attempt's log files (paths, sizes) as JSON, no content.")
-@pass_app
+@pass_reader
 def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: bool, lines: int | None,
          stream: str, as_json: bool) -> None:
     """Print the stdout and stderr of RUN_KEY's job (its last attempt, or --attempt N), as `status` names it.

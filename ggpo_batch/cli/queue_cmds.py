@@ -73,6 +73,7 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
 
     if accept_cost and not (reason and reason.strip()):
         raise click.UsageError("--accept-cost needs --reason TEXT")
+    app.reads_only = dry_run  # a dry run reads the ledger only: it works on one this user may not write
     spec = load_spec(spec_file)
     with progress.shown():  # the embedded queue (memory://) runs every job here: show them
         res = enqueue_spec(app.ledger(), app.settings, spec, arms=_csv(arms), seeds=_seeds(seeds), queue=queue,

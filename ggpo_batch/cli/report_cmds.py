@@ -10,7 +10,18 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
-from .app import ARM_VALUE, FINITE_VALUE, NAME_VALUE, TEXT_VALUE, VERSION_VALUE, App, cli, echo_json, pass_app
+from .app import (
+    ARM_VALUE,
+    FINITE_VALUE,
+    NAME_VALUE,
+    TEXT_VALUE,
+    VERSION_VALUE,
+    App,
+    cli,
+    echo_json,
+    pass_app,
+    pass_reader,
+)
 from .ledger_cmds import ledger as ledger_group
 
 if TYPE_CHECKING:
@@ -57,7 +68,7 @@ def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write PNG plots into this folder: GPU-hours and steps per arm; outcome per arm and the "
                    "paired differences (forest plot) where runs have outcomes.")
-@pass_app
+@pass_reader
 def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str, as_json: bool,
            fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
     """What an experiment found and what it cost. Per arm: the evaluation outcome (reward on all,
@@ -244,7 +255,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
               help="Which table (CSV: default runs; JSON: default both).")
 @click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment (all its versions).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="File (default: stdout).")
-@pass_app
+@pass_reader
 def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None, output: Path | None) -> None:
     """Runs and attempts as flat rows: CSV for a spreadsheet, JSON for a notebook."""
     from ..reporting.export import export_ledger

@@ -145,7 +145,7 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
     loopback bind answers only to loopback Host names, against DNS rebinding)."""
     from ..ledger import connect
 
-    ledger = connect(settings.db_url, retry_seconds=LEDGER_RETRY_SECONDS)
+    ledger = connect(settings.db_url, retry_seconds=LEDGER_RETRY_SECONDS, reading=True)  # it writes nothing
     templates = _templates()
 
     def page(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:

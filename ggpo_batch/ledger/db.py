@@ -3,6 +3,7 @@
 SQLite: WAL, a 5 s busy timeout, and every transaction opened with BEGIN IMMEDIATE, because a
 read-then-write transaction under plain BEGIN loses updates between two writer processes
 (FACTS.md). PostgreSQL: psycopg 3; transitions lock the row they change (SELECT ... FOR UPDATE).
+An engine made `reading` writes nothing, on a ledger the user may not write too (read_only.py).
 """
 
 from __future__ import annotations
@@ -39,13 +40,17 @@ def normalise_url(url: str) -> str:
     return u.render_as_string(hide_password=False)
 
 
-def make_engine(url: str, *, pre_ping: bool = True) -> Engine:
+def make_engine(url: str, *, pre_ping: bool = True, reading: bool = False) -> Engine:
     """A SQLAlchemy engine with the ledger's transaction settings for its backend. Without
     `pre_ping`, a PostgreSQL connection taken from the pool is not tested first (a round trip
-    each time): a dead one then fails its first statement, and the ledger's retry reconnects."""
+    each time): a dead one then fails its first statement, and the ledger's retry reconnects.
+    With `reading`, one that writes nothing (read-only transactions; on SQLite, a file opened as
+    `read_only.plan_sqlite_read` says, nothing created beside it)."""
     url = normalise_url(url)
     u = make_url(url)
     if u.get_backend_name() == "sqlite":
+        if reading and u.database and u.database != ":memory:":
+            return _sqlite_reading_engine(url, Path(u.database).expanduser())
         if u.database and u.database != ":memory:":
             folder = Path(u.database).expanduser().parent
             try:
@@ -61,13 +66,7 @@ def make_engine(url: str, *, pre_ping: bool = True) -> Engine:
         def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
             if db_file is not None:
                 refuse_truncated_sqlite(db_file)
-            dbapi_conn.isolation_level = None  # pysqlite's own BEGIN handling off; we emit ours
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA busy_timeout=5000")
-            cur.close()
+            _sqlite_pragmas(dbapi_conn, "PRAGMA journal_mode=WAL", "PRAGMA synchronous=NORMAL")
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +76,57 @@ def make_engine(url: str, *, pre_ping: bool = True) -> Engine:
     # A host that accepts the connection but never answers (another service on that port, a
     # firewall that drops packets) must not hang a command: bounded connect, TCP keepalives after.
     connect_args = {k: v for k, v in PG_CONNECT_ARGS.items() if k not in u.query}
-    return create_engine(url, pool_pre_ping=pre_ping, pool_size=2, max_overflow=4, connect_args=connect_args)
+    engine = create_engine(url, pool_pre_ping=pre_ping, pool_size=2, max_overflow=4, connect_args=connect_args)
+    if reading:
+        # psycopg then opens every transaction with BEGIN READ ONLY: no extra round trip, and no
+        # startup option a connection pooler (pgbouncer) might refuse.
+        @event.listens_for(engine, "connect")
+        def _read_only(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+            dbapi_conn.read_only = True
+
+    return engine
+
+
+def _sqlite_pragmas(dbapi_conn, *pragmas: str) -> None:  # type: ignore[no-untyped-def]
+    """Every ledger connection's settings, then `pragmas`."""
+    dbapi_conn.isolation_level = None  # pysqlite's own BEGIN handling off; we emit ours
+    cur = dbapi_conn.cursor()
+    for pragma in (*pragmas, "PRAGMA foreign_keys=ON", "PRAGMA busy_timeout=5000"):
+        cur.execute(pragma)
+    cur.close()
+
+
+def _sqlite_reading_engine(url: str, path: Path) -> Engine:
+    """An engine that only reads the SQLite ledger at `path`: no journal mode set, transactions
+    DEFERRED (a snapshot, no write lock), `query_only`; each connection opened by a
+    `read_only.SqliteReader` and replaced when the pool finds it outdated. Nothing is created, the
+    ledger's folder included."""
+    from sqlalchemy.exc import DisconnectionError
+
+    from .read_only import SqliteReader
+
+    reader = SqliteReader(path)
+
+    def connection():  # type: ignore[no-untyped-def]
+        refuse_truncated_sqlite(path)
+        return reader()
+
+    engine = create_engine(url, creator=connection, pool_size=1, max_overflow=8)
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        _sqlite_pragmas(dbapi_conn, "PRAGMA query_only=ON")
+
+    @event.listens_for(engine, "checkout")
+    def _on_checkout(dbapi_conn, _record, _proxy) -> None:  # type: ignore[no-untyped-def]
+        if reader.outdated(dbapi_conn):
+            raise DisconnectionError("the ledger changed since this connection read it")
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN")
+
+    return engine
 
 
 def refuse_truncated_sqlite(path: Path) -> None:
@@ -267,11 +316,12 @@ def is_empty(engine: Engine) -> bool:
 
 
 def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0,  # type: ignore[no-untyped-def]
-            pre_ping: bool = True):
-    """A Ledger on `url`; with `check`, refuse a schema that is not at head."""
+            pre_ping: bool = True, reading: bool = False):
+    """A Ledger on `url`; with `check`, refuse a schema that is not at head; with `reading`, one
+    that only reads (`make_engine`)."""
     from . import Ledger
 
-    engine = make_engine(url, pre_ping=pre_ping)
+    engine = make_engine(url, pre_ping=pre_ping, reading=reading)
     if check:
         check_schema(engine)
     return Ledger(engine, retry_seconds=retry_seconds)

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,14 @@ class Dashboard:
     how ggpo-batch is started (default: this interpreter, the checkout's package)."""
 
     def __init__(self, env: dict[str, str], log: Path, *args: str,
-                 program: tuple[str, ...] = (sys.executable, "-m", "ggpo_batch.cli"), cwd: Path = REPO) -> None:
+                 program: tuple[str, ...] = (sys.executable, "-m", "ggpo_batch.cli"), cwd: Path = REPO,
+                 prefix: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115  (closed in stop())
-        self.proc = subprocess.Popen([*program, "dashboard", "--port", str(self.port), *args], env=env, cwd=cwd,
-                                     stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen([*prefix, *program, "dashboard", "--port", str(self.port), *args], env=env,
+                                     cwd=cwd, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True)
         wait_until(self._answers, 60, f"the dashboard answering on {self.url}", interval=0.3)
 
     def _answers(self) -> bool:

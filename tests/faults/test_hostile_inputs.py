@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import shutil
 import subprocess
 import sys
 import threading
@@ -27,6 +26,8 @@ from sqlalchemy import create_engine, text
 from ggpo_batch.cli import cli
 from ggpo_batch.netutil import free_port
 from tests.support.paths import REPO, SEED_000
+from tests.support.specs import DEBUG_SPEC
+from tests.support.unprivileged import unprivileged_prefix
 
 TABLES = ("experiments", "runs", "attempts", "events", "decisions")
 
@@ -56,12 +57,7 @@ def run_subprocess(args: list[str], env: dict[str, str], *, timeout: float,
     """The CLI in a process of its own (for what could hang or eat memory in the old code), with at
     most 2 GiB of address space; with `privileged=False` a root caller drops the capabilities that
     let root ignore file permissions (so a read-only folder is read-only to it)."""
-    cmd = [sys.executable, "-m", "ggpo_batch.cli", *args]
-    if not privileged and os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            pytest.skip("needs setpriv to drop root's file-permission override")
-        cmd = [setpriv, "--bounding-set=-dac_override,-dac_read_search,-fowner", *cmd]
+    cmd = [*([] if privileged else unprivileged_prefix()), sys.executable, "-m", "ggpo_batch.cli", *args]
 
     def limit_memory() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
@@ -121,15 +117,7 @@ def with_seed(seed: int):  # type: ignore[no-untyped-def]
     return mutate
 
 
-SPEC = """[experiment]
-name = "{name}"
-method = "ggpo"
-seeds = [1, 2]
-executor = "debug"
-loop_budget_seconds = 1
-[arms.clean]
-exposure = "none"
-"""
+SPEC = DEBUG_SPEC
 
 
 @pytest.fixture
@@ -171,8 +159,9 @@ def test_1_corrupt_or_truncated_sqlite_ledger_is_one_line_exit_4(tmp_path: Path,
 
 @pytest.mark.slow
 def test_1_read_only_ledger_folder_and_lock_file_are_one_line(tmp_path: Path) -> None:
-    """A team ledger one may read but not write (the folder, or the enqueue lock beside it), and a
-    folder that cannot be created: one line, exit 4, for read-only commands too."""
+    """A team ledger one may read but not write: reading commands answer, a writing one is refused
+    in one line, exit 6 (tests/test_read_only_ledger.py has every command); a read-only enqueue lock
+    beside a writable ledger, and a folder that cannot be created: one line, exit 4."""
     folder = tmp_path / "ro"
     folder.mkdir()
     base = {**os.environ, "GGPO_DATA_DIR": str(tmp_path / "data"), "GGPO_USER": "tester",
@@ -185,17 +174,21 @@ def test_1_read_only_ledger_folder_and_lock_file_are_one_line(tmp_path: Path) ->
     lock.chmod(0o444)  # the lock file read-only, the folder writable: enqueue cannot take the lock
     line = assert_one_line_process(run_subprocess(["enqueue", str(spec)], base, timeout=60, privileged=False), 4)
     assert "lock" in line and "ledger.sqlite3.enqueue.lock" in line
-    os.chmod(folder, 0o555)  # now the folder too: SQLite cannot make its -wal file, even to read
+    os.chmod(folder, 0o555)  # now the folder too: reading commands still answer, writing ones are refused
     try:
         tmp_path.chmod(0o755)
-        for args in (["status"], ["db", "current"], ["enqueue", str(spec)]):
-            line = assert_one_line_process(run_subprocess(args, base, timeout=60, privileged=False), 4)
-            assert "readonly" in line or "unable to open" in line or "lock" in line, (args, line)
+        for args in (["status"], ["db", "current"], ["enqueue", str(spec), "--dry-run"]):
+            done = run_subprocess(args, base, timeout=60, privileged=False)
+            assert done.returncode == 0 and not done.stderr, (args, done.stderr)
+        line = assert_one_line_process(run_subprocess(["enqueue", str(spec)], base, timeout=60, privileged=False), 6)
+        assert "not permitted" in line and f"{folder / 'ledger.sqlite3'}" in line and "read-only" in line, line
     finally:
         os.chmod(folder, 0o755)
     nowhere = {**base, "GGPO_DB_URL": "sqlite:////proc/ggpo-no-such-folder/ledger.sqlite3"}
-    line = assert_one_line_process(run_subprocess(["status"], nowhere, timeout=60), 4)
+    line = assert_one_line_process(run_subprocess(["db", "upgrade"], nowhere, timeout=60), 4)
     assert "/proc/ggpo-no-such-folder" in line
+    line = assert_one_line_process(run_subprocess(["status"], nowhere, timeout=60), 2)  # reading creates nothing
+    assert "/proc/ggpo-no-such-folder" in line and "db upgrade" in line
 
 
 def test_1_concurrent_import_of_one_file_is_already_imported_not_a_crash(ledger) -> None:  # type: ignore[no-untyped-def]

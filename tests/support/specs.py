@@ -25,6 +25,18 @@ exposure = "none"
 """
 
 
+# A two-run spec on the debug executor (no model, no data): what a ledger check needs to enqueue.
+DEBUG_SPEC = """[experiment]
+name = "{name}"
+method = "ggpo"
+seeds = [1, 2]
+executor = "debug"
+loop_budget_seconds = 1
+[arms.clean]
+exposure = "none"
+"""
+
+
 def write_spec(folder: Path, name: str, *, seeds: list[int], profile: str = "dev-cluster-1task", retries: int = 0,
                max_gpu_hours: float = 1.0) -> Path:
     """A one-arm spec on the dev Slurm (`profile` of the packaged profiles), written to `folder`/`name`.toml."""
