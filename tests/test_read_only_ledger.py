@@ -406,8 +406,8 @@ def test_the_reading_commands_named_in_refusals_are_those_that_open_the_ledger_r
     for name in COMMAND_MODULES:
         walk(cli.get_command(ctx, name), name)
     assert marked | {"enqueue --dry-run"} == set(READING_COMMANDS.split(", "))
-    # every command is run in each case (the dashboard: its routes); train touches no ledger
-    assert {c[0] for c in READERS + WRITERS} | {"dashboard", "train"} == set(COMMAND_MODULES)
+    # every command is run in each case (the dashboard: its routes); train and init touch no ledger
+    assert {c[0] for c in READERS + WRITERS} | {"dashboard", "train", "init"} == set(COMMAND_MODULES)
 
 
 # -- what a reading engine may do, on both backends -----------------------------------------------

@@ -93,7 +93,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_whole_flow(tmp_path: 
     [exp] = json.loads(run("status", cli, "status", "--json", "-e", "my-experiment"))["experiments"]
     assert exp["totals"]["states"] == {"succeeded": 2}
 
-    [night] = json.loads(run("nightly", cli, "nightly", "--seeds", "42", "--json"))
+    [night] = json.loads(run("nightly", cli, "nightly", "--seeds", "42", "--json"))["nights"]
     assert night["ran"], night
     record = json.loads(Path(night["artifact"]).read_text())
     provenance = record["provenance"]
