@@ -11,7 +11,6 @@ the sampler's seed is computed from the same three in `Trainer._rollouts`).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -21,38 +20,15 @@ pytest.importorskip("deepspeed")
 
 from ggpo_batch.allocation import details_of
 from ggpo_batch.errors import GgpoError
-from ggpo_batch.run_record import check_run_record, entry_key
 from ggpo_batch.train.checkpoint import META_NAME, PARTS
 from ggpo_batch.train.job import Preempted
 from ggpo_batch.train.launch import train_local
+from tests.support.twins import assert_same_run, step_differences
 from tests.support.waiting import preempt_after_step
 from tests.train.conftest import make_spec
 from tests.train.hf.conftest import one_rank  # noqa: F401 (a fixture: one gloo rank in this process)
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
-
-# Per-step figures compared between a resumed run and its uninterrupted twin.
-STEP_FIGURES = ("loss", "gradient_norm", "retained_groups", "rejected_groups", "raw_gap", "mean_length")
-TOLERANCE = 1e-6
-
-
-def step_differences(twin: list[dict[str, Any]], resumed: list[dict[str, Any]]) -> list[str]:
-    """Every step figure that differs by more than TOLERANCE, and steps one history lacks."""
-    out = []
-    mine = {h["step"]: h for h in resumed}
-    for h in twin:
-        r = mine.get(h["step"])
-        if r is None:
-            out.append(f"step {h['step']} missing")
-            continue
-        for k in STEP_FIGURES:
-            a, b = h[k], r[k]
-            if (a is None) != (b is None) or (a is not None and not math.isclose(a, b, rel_tol=0, abs_tol=TOLERANCE)):
-                out.append(f"step {h['step']} {k}: {a!r} vs {b!r}")
-    if [h["step"] for h in resumed] != [h["step"] for h in twin]:
-        out.append(f"steps {[h['step'] for h in resumed]} vs {[h['step'] for h in twin]}")
-    return out
-
 
 def run_pair(tmp_path: Path, spec: Any, *, nproc: int = 2, after_step: int = 3,
              wrong_world: int | None = None) -> tuple[dict, dict, dict, dict]:
@@ -76,19 +52,6 @@ def run_pair(tmp_path: Path, spec: Any, *, nproc: int = 2, after_step: int = 3,
         assert json.loads((Path(f"{out}.ckpt") / META_NAME).read_text()) == meta  # the checkpoint untouched
     resumed = train_local(spec, out, nproc=nproc, timeout=600)
     return (twin, json.loads(details_of(twin_out).read_text()), resumed, json.loads(details_of(out).read_text()))
-
-
-def assert_same_run(twin: dict, twin_details: dict, resumed: dict, resumed_details: dict, steps: int) -> None:
-    assert step_differences(twin_details["history"], resumed_details["history"]) == []
-    assert len(resumed_details["history"]) == steps
-    assert resumed["training"]["counts"] == twin["training"]["counts"]  # same trajectories, tokens, groups
-    assert resumed["training"]["cost"] == twin["training"]["cost"]
-    assert resumed["budget"]["exposure_templates"] == twin["budget"]["exposure_templates"]
-    assert resumed_details["policy_sha256"] == twin_details["policy_sha256"]  # the same trained weights
-    assert resumed_details["audit"]["steps_checked"] == twin_details["audit"]["steps_checked"] == steps
-    assert resumed["training"]["status"] == twin["training"]["status"]
-    assert check_run_record(entry_key(resumed["seed"], resumed["arm"]), resumed) == []
-    assert resumed_details["resumed"] is True and twin_details["resumed"] is False
 
 
 def test_a_preempted_two_rank_run_resumes_exactly_and_refuses_another_world_size(tmp_path: Path) -> None:

@@ -12,7 +12,8 @@ import pytest
 pytest.importorskip("vllm")
 pytest.importorskip("deepspeed")
 
-from tests.train.test_resume import assert_same_run, run_pair
+from tests.support.twins import assert_same_run
+from tests.train.test_resume import run_pair
 
 pytestmark = [pytest.mark.vllm, pytest.mark.train, pytest.mark.slow]
 
