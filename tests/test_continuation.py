@@ -218,3 +218,43 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
     assert [x.state for x in c.attempts] == ["timeout"] and c.state == "timeout"
     assert "continuation refused by the cost guard" in c.cause and "experiment cap" in c.cause
     assert (attempt_folder(settings.jobs_dir, c.run_key, 1) / TIME_LIMIT_NAME).exists()
+
+
+def test_the_save_deadline_counts_from_the_allocations_start(monkeypatch: pytest.MonkeyPatch):
+    from ggpo_batch.allocation import SIGNAL_DELAY_ENV, TIME_LIMIT_ENV, save_deadline, time_limit_export
+
+    assert time_limit_export(600, 90) == f"export {TIME_LIMIT_ENV}=600 {SIGNAL_DELAY_ENV}=90"
+    monkeypatch.delenv(TIME_LIMIT_ENV, raising=False)
+    assert save_deadline(1000.0) is None  # no time limit told: none assumed
+    monkeypatch.setenv(TIME_LIMIT_ENV, "600")
+    monkeypatch.setenv(SIGNAL_DELAY_ENV, "90")
+    assert save_deadline(1000.0) == 1510.0
+    for bad in ("nan", "-5", "inf", "ten"):
+        monkeypatch.setenv(TIME_LIMIT_ENV, bad)
+        assert save_deadline(1000.0) is None
+
+
+def test_an_attempt_books_its_own_allocation_not_the_records_sum_of_all(ledger, settings, tmp_path: Path):  # type: ignore[no-untyped-def]
+    """A resumed job's record bills every allocation of the run (seed 000's: 3,433 s); the attempt is
+    booked with its own allocation's seconds (the details' 1,000 s), never the earlier ones again."""
+    from ggpo_batch.allocation import details_path, record_path
+    from ggpo_batch.executor.base import JobInfo
+    from ggpo_batch.ledger import NewRun
+    from ggpo_batch.settlement import settle
+    from tests.support.paths import SEED_000
+
+    key, rec = next(iter(json.loads(SEED_000.read_text()).items()))
+    run_key = "s-v1-1-x"
+    ledger.create_experiment(name="s", version=1, method="ggpo", source="spec", spec_hash="x", spec={}, gpus=4,
+                             actor="t", runs=[NewRun(run_key=run_key, arm=rec["arm"], seed=rec["seed"], config_hash="h",
+                                                     run_spec={})])
+    att = ledger.begin_attempt(run_key, executor="slurm", gpus=4, actor="t", worker="w")
+    ledger.mark_submitted(run_key, att.number, job_id="5", actor="t")
+    record_path(tmp_path).write_text(json.dumps(rec))
+    details_path(tmp_path).write_text(json.dumps({"allocation_elapsed_seconds": 1000.0}))
+    run = ledger.get_run(run_key)
+    settle(ledger, run, run.attempts[0], JobInfo("5", "COMPLETED", elapsed_seconds=1001.0, alloc_gpus=4), tmp_path,
+           actor="t", settings=settings)
+    [booked] = ledger.get_run(run_key).attempts
+    assert booked.gpu_hours_job == pytest.approx(4 * 1000.0 / 3600)
+    assert rec["timing"]["allocated_gpu_hours_through_evaluation"] == pytest.approx(4 * 3433.4450278282166 / 3600)
