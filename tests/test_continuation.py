@@ -221,7 +221,12 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
 
 
 def test_the_save_deadline_counts_from_the_allocations_start(monkeypatch: pytest.MonkeyPatch):
-    from ggpo_batch.allocation import SIGNAL_DELAY_ENV, TIME_LIMIT_ENV, save_deadline, time_limit_export
+    from ggpo_batch.allocation import (
+        SIGNAL_DELAY_ENV,
+        TIME_LIMIT_ENV,
+        save_deadline,
+        time_limit_export,
+    )
 
     assert time_limit_export(600, 90) == f"export {TIME_LIMIT_ENV}=600 {SIGNAL_DELAY_ENV}=90"
     monkeypatch.delenv(TIME_LIMIT_ENV, raising=False)
@@ -243,7 +248,7 @@ def test_an_attempt_books_its_own_allocation_not_the_records_sum_of_all(ledger, 
     from ggpo_batch.settlement import settle
     from tests.support.paths import SEED_000
 
-    key, rec = next(iter(json.loads(SEED_000.read_text()).items()))
+    _key, rec = next(iter(json.loads(SEED_000.read_text()).items()))
     run_key = "s-v1-1-x"
     ledger.create_experiment(name="s", version=1, method="ggpo", source="spec", spec_hash="x", spec={}, gpus=4,
                              actor="t", runs=[NewRun(run_key=run_key, arm=rec["arm"], seed=rec["seed"], config_hash="h",
