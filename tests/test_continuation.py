@@ -207,6 +207,11 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
     assert not checkpoint_folder(attempt_folder(settings.jobs_dir, a.run_key, 4)).exists()
     assert any(e.entity == "cleanup" and "checkpoint" in (e.reason or "") for e in ledger.events(run_key=a.run_key))
     assert state_label(run_row(a)) == "succeeded, continued after time limit (3 of 3)"
+    from ggpo_batch.dashboard.views import run_view
+
+    page = run_view(ledger, settings, a.run_key)  # what the dashboard's run page shows
+    assert page["run"]["state_label"] == "succeeded, continued after time limit (3 of 3)"
+    assert [x["kind"] for x in page["attempts"]] == ["training", "continuation", "continuation", "continuation"]
 
     b = ledger.get_run("ct-b-v1-1-clean")
     assert [x.state for x in b.attempts] == ["timeout", "timeout"] and b.state == "timeout"

@@ -160,7 +160,7 @@ class Event(Base):
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
-    entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision
+    entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision | cleanup (files removed)
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
     actor: Mapped[str] = mapped_column(String(USER_MAX))
