@@ -5,6 +5,7 @@ preempted. Executors, the training job, settlement and the CLI import these; non
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -21,6 +22,25 @@ ALLOC_START_ENV = "GGPO_ALLOC_START"
 # Exit status of a job that stopped on a preemption signal with no requeue left (EX_TEMPFAIL):
 # the Slurm executor reports such a job PREEMPTED, not FAILED, so the ledger books the cause.
 PREEMPTED_EXIT_CODE = 75
+# Exit status of a job that checkpointed because its time limit was near, and stopped: reported
+# TIMEOUT, with TIME_LIMIT_NAME in the attempt folder saying where it stopped.
+TIME_LIMIT_EXIT_CODE = 76
+# What the executors report for a job that exited with one of the codes above.
+STATE_OF_EXIT_CODE = {PREEMPTED_EXIT_CODE: "PREEMPTED", TIME_LIMIT_EXIT_CODE: "TIMEOUT"}
+# Written by a job that stopped at its time limit with a checkpoint (rank 0, after the save):
+# step, loop and budget seconds, this allocation's elapsed seconds. Settlement reads it to decide
+# between "continue in a new allocation" (the spec's continue_on_timeout) and the run's timeout.
+TIME_LIMIT_NAME = "time_limit.json"
+# A run's resumable checkpoint: one folder per run beside its attempt folders, so an attempt that
+# continues the run (a new allocation after a time limit, a retry) finds the one before it wrote.
+CHECKPOINT_NAME = "checkpoint"
+# A run's trained policy, exported beside its record as a Hugging Face directory.
+POLICY_SUFFIX = ".policy"
+# Exported by the batch script with the allocation's time limit and the profile's signal delay
+# (seconds): the job's save deadline is start + limit - delay (`save_deadline`), counted from
+# the allocation's start, not from the end of the job's own setup.
+TIME_LIMIT_ENV = "GGPO_TIME_LIMIT_S"
+SIGNAL_DELAY_ENV = "GGPO_SIGNAL_DELAY_S"
 
 
 def attempt_folder(jobs_dir: Path, run_key: str, number: int) -> Path:
@@ -43,10 +63,43 @@ def details_of(record: Path) -> Path:
     return Path(str(record) + DETAILS_SUFFIX)
 
 
+def policy_of(record: Path) -> Path:
+    """Where a job exports its trained policy: a Hugging Face directory beside its record."""
+    return Path(str(record) + POLICY_SUFFIX)
+
+
+def checkpoint_folder(folder: Path) -> Path:
+    """The run's checkpoint folder, for the attempt in `folder` (`<jobs_dir>/<run_key>/checkpoint/`)."""
+    return Path(folder).parent / CHECKPOINT_NAME
+
+
+def time_limit_path(folder: Path) -> Path:
+    """Where the job of the attempt in `folder` says it stopped at its time limit."""
+    return Path(folder) / TIME_LIMIT_NAME
+
+
 def alloc_start_export(shell_now: str) -> str:
     """The batch-script line that exports the allocation's start; `shell_now` is the shell
     expression for "now" in epoch seconds (bash 5: `$EPOCHREALTIME`)."""
     return f"export {ALLOC_START_ENV}={shell_now}"
+
+
+def time_limit_export(time_limit_s: float, signal_delay_s: float) -> str:
+    """The batch-script line that tells the job its time limit and the profile's signal delay."""
+    return f"export {TIME_LIMIT_ENV}={int(time_limit_s)} {SIGNAL_DELAY_ENV}={int(signal_delay_s)}"
+
+
+def save_deadline(start: float) -> float | None:
+    """When the job must have stopped to checkpoint (epoch s): the allocation's `start` + its time
+    limit - the signal delay (the window kept for the save and the exit); None without a time limit."""
+    try:
+        limit = float(os.environ[TIME_LIMIT_ENV])
+        delay = float(os.environ.get(SIGNAL_DELAY_ENV, "0"))
+    except (KeyError, ValueError):
+        return None
+    if not (math.isfinite(limit) and limit > 0 and math.isfinite(delay) and delay >= 0):
+        return None
+    return start + limit - min(delay, limit)
 
 
 def allocation_start() -> float:

@@ -189,6 +189,49 @@ def check_caps(ledger: Ledger, spec: ExperimentSpec, est: Estimate, *, settings:
                     f"({cap:.2f})")
 
 
+def check_continuation(ledger: Ledger, run: Run, *, spent_now: float, remaining_loop_seconds: float,
+                       settings: Settings | None = None) -> CapCheck:
+    """May `run` continue past its time limit in one more allocation? Its estimate: the loop seconds
+    it has left plus the overhead outside the loop (from the run's own estimate; the spec's default
+    overheads without one). Checked against the experiment's cap and, with `settings`, the user's
+    and the queue's: what each has spent, with `spent_now` (the attempt that just ended, not yet
+    booked), plus the other unfinished runs' estimates; this run's own estimate is replaced by what
+    it spent and this continuation."""
+    from .spec import Overheads
+
+    exp = run.experiment
+    gpus = run.attempts[-1].gpus if run.attempts else exp.gpus
+    budget = float((run.run_spec or {}).get("loop_budget_seconds") or 0.0)
+    if run.estimated_gpu_hours is not None and gpus:
+        overhead = max(0.0, run.estimated_gpu_hours * 3600.0 / gpus - budget)
+    else:
+        overhead = Overheads().total_seconds
+    need = gpu_hours(gpus, remaining_loop_seconds + overhead)
+    mine = run.estimated_gpu_hours or 0.0
+    scopes: list[tuple[str, float, dict[str, Any]]] = []
+    if exp.max_gpu_hours is not None:
+        scopes.append(("experiment", exp.max_gpu_hours, {"experiment_id": exp.id}))
+    if settings is not None and settings.user_gpu_hours_cap is not None:
+        scopes.append((f"user {exp.created_by}", settings.user_gpu_hours_cap, {"user": exp.created_by}))
+    if settings is not None and settings.queue_gpu_hours_cap is not None:
+        queue = settings.queue_for(exp.queue)
+        scopes.append((f"queue {queue}", settings.queue_gpu_hours_cap, {"queue": queue}))
+    what = f"continuation estimated at {need:.3f} GPU-h ({remaining_loop_seconds:.0f} s loop + {overhead:.0f} s overhead)"
+    if not scopes:
+        return CapCheck(True, None, None, None, f"{what}; no cap is set")
+    caps = []
+    for name, cap, scope in scopes:
+        spent, flight = ledger.committed_gpu_hours(**scope)
+        caps.append((name, cap, cap - spent - spent_now - max(0.0, flight - mine)))
+    over = [c for c in caps if need > c[2]]
+    if over:
+        name, cap, avail = over[0]
+        return CapCheck(False, name, cap, avail, f"{what} is over the {name} cap {cap:.2f} GPU-h, which has "
+                                                 f"{avail:.3f} left")
+    name, cap, avail = min(caps, key=lambda c: c[2])
+    return CapCheck(True, name, cap, avail, f"{what} fits under the {name} cap ({avail - need:.3f} GPU-h to spare)")
+
+
 def _available(check: CapCheck) -> str:
     if check.cap_name is None:
         return "no cap set"

@@ -98,9 +98,10 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                     _refuse_requeue(ex, run, att)
                     rep.refused_requeues += 1
                 elif info.final:
-                    out = settle(ledger, run, att, info, _job_folder(settings, run, att), actor=actor)
+                    out = settle(ledger, run, att, info, _job_folder(settings, run, att), actor=actor,
+                                 settings=settings)
                     rep.ended += 1
-                    if out.retry and settings.queue_for(run.experiment.queue) in by_name:
+                    if out.requeued and settings.queue_for(run.experiment.queue) in by_name:
                         by_name[settings.queue_for(run.experiment.queue)].enqueue([run.run_key])
                 elif info.state == "RUNNING" and att.state == "submitted":
                     ledger.mark_running(run.run_key, att.number, actor=actor, started_at=info.start)

@@ -42,7 +42,16 @@ class ArmSpec:
 
 
 # What a run spec says about where and how often a run runs, not about its result.
-_NOT_CONFIG = frozenset({"executor", "profile", "retries", "run_key", "experiment_version"})
+_NOT_CONFIG = frozenset({"executor", "profile", "retries", "run_key", "experiment_version", "continue_on_timeout",
+                         "max_continuations", "keep_checkpoints"})
+# Continuations of a run past its time limit allowed by default (with continue_on_timeout).
+DEFAULT_MAX_CONTINUATIONS = 3
+
+
+# The defaults of RunSpec.lifecycle(): a run spec and an experiment spec leave a key out at its
+# default, so run specs and spec hashes made before these keys existed stay the same.
+LIFECYCLE_DEFAULTS = {"continue_on_timeout": False, "max_continuations": DEFAULT_MAX_CONTINUATIONS,
+                      "keep_checkpoints": False}
 
 
 def config_hash(run_spec: Mapping[str, Any]) -> str:
@@ -70,6 +79,11 @@ class RunSpec:
     train: Mapping[str, Any] = field(default_factory=dict)
     version: int = RUN_SPEC_VERSION
     nodes: int = 1  # `gpus` is per node
+    # A run that reaches its allocation's time limit checkpoints; with continue_on_timeout it goes on
+    # in a new allocation (a new attempt), at most max_continuations times; else it ends `timeout`.
+    continue_on_timeout: bool = False
+    max_continuations: int = DEFAULT_MAX_CONTINUATIONS
+    keep_checkpoints: bool = False  # keep the run's checkpoint after its record is booked
 
     @property
     def allocated_gpus(self) -> int:
@@ -86,9 +100,15 @@ class RunSpec:
             "retries": self.retries, "train": json.loads(json.dumps(self.train)) if self.train else {},
             "version": self.version,
             **({"nodes": self.nodes} if self.nodes != 1 else {}),  # absent at 1: older run specs and hashes stay
+            **{k: v for k, v in self.lifecycle().items() if v != LIFECYCLE_DEFAULTS[k]},  # absent at defaults
             "arm": {"name": a.name, "exposure": a.exposure, "exposed_items": a.exposed_items,
                     "templates": list(a.templates), "auxiliary_answer_loss": a.auxiliary_answer_loss},
         }
+
+    def lifecycle(self) -> dict[str, Any]:
+        """What happens to the run at a time limit and to its checkpoint (the spec's [experiment] keys)."""
+        return {"continue_on_timeout": self.continue_on_timeout, "max_continuations": self.max_continuations,
+                "keep_checkpoints": self.keep_checkpoints}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))

@@ -2,7 +2,14 @@
 (and the run's result record) onto ledger transitions, used by the worker and by reconcile.
 
 Infrastructure failures (preemption, node failure, a lost allocation) may be retried when the
-spec allows `retries = N`; a training error, a TIMEOUT or a bad record never is.
+spec allows `retries = N`; a training error or a bad record never is. A TIMEOUT ends the run
+`timeout`, unless the job checkpointed at its time limit and the spec asks for continuations
+(continuation.py): then the run goes back to the queue, in the same transaction, for a new attempt.
+
+GPU-hours: each attempt is booked with its own allocation's figures. A job that resumed bills the
+earlier allocations in its record (whose loop seconds span them); the job's own figure booked on
+the attempt is this allocation's alone (the details' `allocation_elapsed_seconds`), so no
+allocation is counted twice.
 """
 
 from __future__ import annotations
@@ -14,8 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .accounting import gpu_hours
+from .accounting import attempt_gpu_hours, gpu_hours
 from .allocation import details_path, record_path
+from .config import Settings
+from .continuation import TimeLimitNote, judge, lifecycle, read_note
+from .costguard import CapCheck, check_continuation
 from .executor.base import JobInfo
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run
@@ -48,6 +58,12 @@ class Outcome:
     reason: str | None
     record: dict[str, Any] | None
     retry: bool
+    continues: bool = False  # the run continues past its time limit (run_state "queued")
+
+    @property
+    def requeued(self) -> bool:
+        """Does the run go back on the queue (a retry, or a continuation)?"""
+        return self.retry or self.continues
 
 
 def _read_record(folder: Path, run: Run) -> tuple[dict[str, Any] | None, str | None]:
@@ -64,8 +80,9 @@ def _read_record(folder: Path, run: Run) -> tuple[dict[str, Any] | None, str | N
     return rec, None
 
 
-def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
-    """The transitions an attempt's end implies (pure: reads the record, writes nothing)."""
+def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path, cost: CapCheck | None = None) -> Outcome:
+    """The transitions an attempt's end implies (pure: reads the job's files, writes nothing).
+    `cost`: the cost guard's check of a continuation past a time limit (`continuation_cost`)."""
     state = attempt_state_of(info.state)
     reason = None if info.state == "COMPLETED" else f"{info.state}" + (f" (exit {info.exit_code})" if info.exit_code
                                                                          else "")
@@ -85,26 +102,54 @@ def decide(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> Outcome:
     if infra and used <= run.retries_allowed:
         reason = f"{reason}; infrastructure retry {used}/{run.retries_allowed}"
         return Outcome(state, None, reason, record, retry=True)
+    if info.state == "TIMEOUT":
+        verdict = judge(run, attempt, read_note(folder), cost)
+        return Outcome(state, "queued" if verdict.continues else RUN_STATE_AFTER[state], verdict.reason, None,
+                       retry=False, continues=verdict.continues)
     return Outcome(state, RUN_STATE_AFTER[state], reason, record, retry=False)
 
 
-def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str) -> Outcome:
+def continuation_cost(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path,
+                      settings: Settings | None) -> CapCheck | None:
+    """The cost guard's check of continuing `run` after `attempt` ended at its time limit; None when
+    no continuation is possible (no checkpoint at the limit, no progress, or not asked for)."""
+    note = read_note(folder)
+    if info.state != "TIMEOUT" or note is None or not note.progressed or not lifecycle(run)[0]:
+        return None
+    spent = attempt_gpu_hours(gpu_hours(attempt.gpus, note.elapsed_seconds), info.gpu_hours)
+    return check_continuation(ledger, run, spent_now=spent or 0.0, remaining_loop_seconds=note.remaining_loop_seconds,
+                              settings=settings)
+
+
+def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, *, actor: str,
+           settings: Settings | None = None) -> Outcome:
     """Book the end of `attempt`: state, times, both GPU-hour figures, result and the evaluation's
-    outcome (from the details file, when the job wrote one); re-queue if allowed."""
-    out, fields = _conclude(run, attempt, info, folder)
+    outcome (from the details file, when the job wrote one); re-queue if allowed, or continue the
+    run past its time limit (the cost guard consulted with `settings`' caps)."""
+    cost = continuation_cost(ledger, run, attempt, info, folder, settings)
+    out, fields = _conclude(run, attempt, info, folder, cost)
     ledger.mark_finished(run.run_key, attempt.number, actor=actor, **fields)
     return _after(ledger, run, attempt, info, folder, out, actor=actor)
 
 
 def settle_own(ledger: Ledger, run_key: str, number: int, info: JobInfo, folder: Path, *, actor: str,
-               job_id: str | None = None) -> Outcome:
+               job_id: str | None = None, settings: Settings | None = None) -> Outcome:
     """`settle` for the worker that ran the job itself: decided on the run as the finishing
-    transaction locks it (no read of the run before). With `job_id` the attempt is booked as
-    submitted to that job in the same transaction (`Ledger.settle_attempt`)."""
+    transaction locks it (no read of the run before, but for the cost guard's check of a
+    continuation past a time limit). With `job_id` the attempt is booked as submitted to that job in
+    the same transaction (`Ledger.settle_attempt`)."""
     decided: list[Outcome] = []
+    cost, run_spec = None, None
+    if info.state == "TIMEOUT":
+        whole = ledger.get_run(run_key)
+        run_spec = whole.run_spec
+        cost = continuation_cost(ledger, whole, next(a for a in whole.attempts if a.number == number), info, folder,
+                                 settings)
 
     def conclude(run: Run, attempt: Attempt) -> dict[str, Any]:
-        out, fields = _conclude(run, attempt, info, folder)
+        if run_spec is not None:  # the locked run is read without its spec, which a continuation reads
+            run.run_spec = run_spec
+        out, fields = _conclude(run, attempt, info, folder, cost)
         decided[:] = [out]  # the transaction may be retried: keep the last decision
         return fields
 
@@ -112,19 +157,36 @@ def settle_own(ledger: Ledger, run_key: str, number: int, info: JobInfo, folder:
     return _after(ledger, run, attempt, info, folder, decided[0], actor=actor)
 
 
-def _conclude(run: Run, attempt: Attempt, info: JobInfo, folder: Path) -> tuple[Outcome, dict[str, Any]]:
+def _own_seconds(folder: Path, record: dict[str, Any]) -> float:
+    """This allocation's elapsed seconds by the job's own clock: the details' figure (a job that
+    resumed bills earlier allocations in its record too), else the record's (an older job)."""
+    try:
+        own = json.loads(details_path(folder).read_text()).get("allocation_elapsed_seconds")
+    except (OSError, ValueError, AttributeError):
+        own = None
+    if isinstance(own, (int, float)) and not isinstance(own, bool) and 0 <= own <= record["timing"]["elapsed_seconds"]:
+        return float(own)
+    return float(record["timing"]["elapsed_seconds"])
+
+
+def _conclude(run: Run, attempt: Attempt, info: JobInfo, folder: Path,
+              cost: CapCheck | None = None) -> tuple[Outcome, dict[str, Any]]:
     """The decision and the `mark_finished` fields it implies."""
-    out = decide(run, attempt, info, folder)
+    out = decide(run, attempt, info, folder, cost)
     job_gh = None
     elapsed = info.elapsed_seconds
     outcome = None
+    note: TimeLimitNote | None = read_note(folder) if out.attempt_state == "timeout" else None
     if out.record is not None:
-        timing = out.record["timing"]
-        job_gh = timing["allocated_gpu_hours_through_evaluation"]
-        elapsed = elapsed if elapsed is not None else timing["elapsed_seconds"]
+        own = _own_seconds(folder, out.record)
+        job_gh = gpu_hours(attempt.gpus, own)
+        elapsed = elapsed if elapsed is not None else own
         outcome, why = read_outcome(details_path(folder))
         if why:  # the record alone makes the run: it succeeds without an outcome (the report says so)
             log.warning("run %s attempt %d: no evaluation outcome: %s", run.run_key, attempt.number, why)
+    elif note is not None:  # stopped at its time limit: its own clock through the checkpoint
+        job_gh = gpu_hours(attempt.gpus, note.elapsed_seconds)
+        elapsed = elapsed if elapsed is not None else note.elapsed_seconds
     elif elapsed is not None:
         job_gh = gpu_hours(attempt.gpus, elapsed)
     return out, {"attempt_state": out.attempt_state, "run_state": out.run_state, "reason": out.reason,
@@ -142,5 +204,9 @@ def _after(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Pa
                                size_bytes=rec_path.stat().st_size, kind="run_record", run_id=run.id)
     if out.retry:
         ledger.requeue(run.run_key, actor=actor, reason=out.reason or "infrastructure retry")
+    if out.record is not None:  # booked: the checkpoint has served, unless the spec keeps it
+        from .cleanup import drop_checkpoint
+
+        drop_checkpoint(ledger, run.run_key, folder, actor=actor)
     log.info("run %s attempt %d: %s -> run %s", run.run_key, attempt.number, info.state, out.run_state or "re-queued")
     return out

@@ -20,7 +20,13 @@ from . import limits
 from .accounting import allocated_gpus
 from .errors import SpecError
 from .executor import EXECUTOR_NAMES
-from .runspec import EXPOSURES, ArmSpec, RunSpec
+from .runspec import (
+    DEFAULT_MAX_CONTINUATIONS,
+    EXPOSURES,
+    LIFECYCLE_DEFAULTS,
+    ArmSpec,
+    RunSpec,
+)
 
 SPEC_SCHEMA = 1
 METHODS = ("ggpo",)
@@ -31,12 +37,15 @@ MAX_GPUS = 64  # per node
 MAX_NODES = 64
 MAX_BUDGET_SECONDS = 30 * 24 * 3600.0
 MAX_RETRIES = 10
+MAX_CONTINUATIONS = 100
 
 NAME = limits.NAME
 ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
 _EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "loop_budget_seconds", "executor", "profile",
-                    "max_gpu_hours", "retries", "queue"}
+                    "max_gpu_hours", "retries", "queue", "continue_on_timeout", "max_continuations",
+                    "keep_checkpoints"}
+
 _OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
 _ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
 _TOP_KEYS = {"schema", "experiment", "overheads", "train", "arms"}
@@ -75,6 +84,9 @@ class ExperimentSpec:
     overheads: Overheads = field(default_factory=Overheads)
     train: Mapping[str, Any] = field(default_factory=dict)
     nodes: int = 1
+    continue_on_timeout: bool = False
+    max_continuations: int = DEFAULT_MAX_CONTINUATIONS
+    keep_checkpoints: bool = False
 
     @property
     def allocated_gpus(self) -> int:
@@ -87,6 +99,9 @@ class ExperimentSpec:
         d.pop("path")
         if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
             d.pop("nodes")
+        for key, default in LIFECYCLE_DEFAULTS.items():  # absent at the default, as `nodes`
+            if d[key] == default:
+                d.pop(key)
         d["arms"] = [asdict(a) for a in self.arms]
         return json.loads(json.dumps(d, sort_keys=True))
 
@@ -105,7 +120,8 @@ class ExperimentSpec:
             run_key=run_key(self.name, version, seed, arm.name), experiment=self.name, experiment_version=version,
             method=self.method, arm=arm, seed=seed, gpus=self.gpus, loop_budget_seconds=self.loop_budget_seconds,
             executor=self.executor, profile=self.profile, retries=self.retries, train=dict(self.train),
-            nodes=self.nodes,
+            nodes=self.nodes, continue_on_timeout=self.continue_on_timeout, max_continuations=self.max_continuations,
+            keep_checkpoints=self.keep_checkpoints,
         )
 
     def expand(self, version: int, arms: Sequence[str] | None = None,
@@ -185,6 +201,12 @@ def _num(p: str, where: str, v: Any, lo: float, hi: float, *, open_lo: bool = Fa
         bound = f"> {lo:g}" if open_lo else f">= {lo:g}"
         raise SpecError(p, where, f"must be {bound} and <= {hi:g}, got {v}")
     return f
+
+
+def _bool(p: str, where: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise SpecError(p, where, f"must be true or false, got {_kind(v)}")
+    return v
 
 
 def _str(p: str, where: str, v: Any, pattern: re.Pattern[str] | None = None, choices: Sequence[str] = ()) -> str:
@@ -283,6 +305,10 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     queue = e.get("queue")
     if queue is not None:
         queue = _str(p, "experiment.queue", queue, NAME)
+    lifecycle = {key: _bool(p, f"experiment.{key}", e.get(key, False)) for key in ("continue_on_timeout",
+                                                                                  "keep_checkpoints")}
+    lifecycle["max_continuations"] = _int(p, "experiment.max_continuations",
+                                          e.get("max_continuations", DEFAULT_MAX_CONTINUATIONS), 0, MAX_CONTINUATIONS)
 
     o = _table(p, "overheads", data.get("overheads", {}))
     _unknown(p, "overheads", o, _OVERHEAD_KEYS)
@@ -304,7 +330,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                           loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                           retries=retries, queue=queue, description=description, overheads=overheads,
-                          train=json.loads(json.dumps(train)), nodes=nodes)
+                          train=json.loads(json.dumps(train)), nodes=nodes, **lifecycle)
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

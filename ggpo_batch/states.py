@@ -49,6 +49,11 @@ ATTEMPT_FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"
 INFRASTRUCTURE_ATTEMPT_STATES = frozenset({"preempted", "node_fail", "lost"})
 # An attempt that never reached a scheduler ends as one of these.
 UNSUBMITTED_ATTEMPT_END = frozenset({"lost", "failed"})
+# What an attempt's GPU-hours were spent on: a run's training from its start (or a retry of it), or
+# the continuation of a run past a time limit in a new allocation (from the run's checkpoint).
+ATTEMPT_KIND_TRAINING = "training"
+ATTEMPT_KIND_CONTINUATION = "continuation"
+ATTEMPT_KINDS = (ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION)
 
 # The scheduler's vocabulary (Slurm's names; local and debug executors map onto it).
 SCHEDULER_FINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",

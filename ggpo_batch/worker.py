@@ -139,7 +139,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     try:
         if ended:
             end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
-                             job_id=job_id)
+                             job_id=job_id, settings=settings)
         else:
             ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
@@ -147,7 +147,12 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         executor.cancel(job_id)
         return {"run_key": run_key, "cancelled_unbooked": job_id, "reason": exc.message}
     if inline and not ended:
-        end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user)
+        end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
+                         settings=settings)
+    if end is not None and end.continues and not inline:
+        # Its next attempt, as reconcile queues a continuation; under its own job id (this job's is
+        # still executing), as a deferral does.
+        RunQueue.from_url(settings.redis_url, chosen["queue"]).defer(run_key, 1, generation=int(time.time() * 1000))
     out: dict[str, Any] = {"run_key": run_key, "attempt": att.number, "job_id": job_id, "executor": spec.executor}
     if end is not None:
         out["state"] = end.attempt_state

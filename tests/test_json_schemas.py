@@ -99,6 +99,7 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     add("logs", _cli("logs", running, "--json"))
     add("nightly", _cli("nightly", "--night", "2026-12-02", "--json"))  # claimed already: nothing run
     add("reconcile", _cli("reconcile", "--json"))
+    add("gc", _cli("gc", "--older-than", "0d", "--dry-run", "--json"))
     for args in ([], ["--runs", "--limit", "0"], ["-s", "failed"]):
         add("status", _cli("status", "--json", *args))
     add("components", _cli("status", "--components", "--json"))
@@ -171,23 +172,24 @@ def test_every_document_has_its_number_and_the_shape_recorded_for_it(env: dict[s
 def test_a_changed_shape_or_number_is_caught() -> None:
     """The check above on planted changes to a recorded status document: a field more in a run row,
     a field less, a wrong number; more data of the same shape (another arm) is no change."""
-    doc = {"schema": 1, "experiments": [{"arms": {"a": {"runs": 1, "states": {"queued": 1}}},
+    n = schemas.SCHEMAS["status"].number
+    doc = {"schema": n, "experiments": [{"arms": {"a": {"runs": 1, "states": {"queued": 1}}},
                                          "runs": [{"run_key": "k", "state": "queued"}]}], "decided": []}
     assert "experiments.arms.*.states.*" in schemas.key_paths("status", doc)
 
     base = schemas.key_paths("status", doc)
-    assert _shape_problems({"status": [doc]}, {"status": {"1": sorted(base)}}) == []
+    assert _shape_problems({"status": [doc]}, {"status": {str(n): sorted(base)}}) == []
     more_data = json.loads(json.dumps(doc))
     more_data["experiments"][0]["arms"]["b"] = {"runs": 2, "states": {"failed": 1}}
-    assert _shape_problems({"status": [more_data]}, {"status": {"1": sorted(base)}}) == []
+    assert _shape_problems({"status": [more_data]}, {"status": {str(n): sorted(base)}}) == []
     added = json.loads(json.dumps(doc))
     added["experiments"][0]["runs"][0]["new_field"] = 1
-    [problem] = _shape_problems({"status": [added]}, {"status": {"1": sorted(base)}})
+    [problem] = _shape_problems({"status": [added]}, {"status": {str(n): sorted(base)}})
     assert "added ['experiments.runs.new_field']" in problem and "new number" in problem
     removed = json.loads(json.dumps(doc))
     del removed["experiments"][0]["runs"][0]["state"]
-    [problem] = _shape_problems({"status": [removed]}, {"status": {"1": sorted(base)}})
+    [problem] = _shape_problems({"status": [removed]}, {"status": {str(n): sorted(base)}})
     assert "removed ['experiments.runs.state']" in problem
     renumbered = {**doc, "schema": 7}
-    assert any("says schema 7" in p for p in _shape_problems({"status": [renumbered]}, {"status": {"1": sorted(base)}}))
-    assert base <= set(_recorded()["status"]["1"]), "the planted document is not a status document"
+    assert any("says schema 7" in p for p in _shape_problems({"status": [renumbered]}, {"status": {str(n): sorted(base)}}))
+    assert base <= set(_recorded()["status"][str(n)]), "the planted document is not a status document"

@@ -14,6 +14,7 @@ from ggpo_batch.ledger import db as ledger_db
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.reporting.status import experiment_status
+from ggpo_batch.schemas import SCHEMAS
 
 RUNS = 60
 
@@ -105,7 +106,7 @@ def test_an_empty_ledger_is_answered_by_one_query_as_the_full_view_answers_it(en
     monkeypatch.setenv("GGPO_REDIS_URL", "redis://127.0.0.1:1/0")  # nothing listens there
     quick = {(*json_, *view): _cli("status", *json_, *view).output for view in STATUS_VIEWS for json_ in ([], ["--json"])}
     assert quick[()] == "no experiments in the ledger (ggpo-batch enqueue SPEC, or ggpo-batch ledger import FILE)\n"
-    assert json.loads(quick[("--json",)]) == {"schema": 1, "experiments": [], "decided": []}
+    assert json.loads(quick[("--json",)]) == {"schema": SCHEMAS["status"].number, "experiments": [], "decided": []}
     monkeypatch.setattr(ledger_db, "is_empty", lambda engine: False)  # the full view, through the ORM
     full = {(*json_, *view): _cli("status", *json_, *view).output for view in STATUS_VIEWS for json_ in ([], ["--json"])}
     assert quick == full

@@ -100,6 +100,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "reconcile": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
     "train": ("train_cmds",),
+    "gc": ("gc_cmds",),
 }
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from ..allocation import record_path
+from ..allocation import attempt_folder, record_path
 from ..executor import EXECUTOR_NAMES
 from .app import App, cli, pass_app
 
@@ -67,7 +67,8 @@ def _through_executor(app: App, run, output: Path) -> dict:  # type: ignore[no-u
     from ..errors import ExecutorError
     from ..executor import make_executor
 
-    folder = app.settings.jobs_dir / "direct" / f"{run.run_key}-{int(time.time())}"
+    # a run folder of its own (its checkpoint beside the attempt's folder), apart from the queue's runs
+    folder = attempt_folder(app.settings.jobs_dir / "direct", f"{run.run_key}-{int(time.time())}", 1)
     ex = make_executor(run.executor, jobs_dir=app.settings.jobs_dir, profile=run.profile)
     job_id = ex.submit(run, 1, folder)
     click.echo(f"job {job_id}, logs in {folder}", err=True)

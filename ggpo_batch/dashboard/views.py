@@ -124,7 +124,7 @@ def experiment_results(ledger: Ledger, name: str, version: int | None = None) ->
 
 def _attempt_row(settings: Settings, run: Any, a: Any) -> dict[str, Any]:
     hb = attempt_heartbeat(a)
-    return {"number": a.number, "executor": a.executor, "job_id": a.job_id, "state": a.state,
+    return {"number": a.number, "executor": a.executor, "kind": a.kind, "job_id": a.job_id, "state": a.state,
             "scheduler_state": a.scheduler_state, "reason": a.reason, "worker": a.worker, "gpus": a.gpus,
             "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
             "elapsed_seconds": a.elapsed_seconds, "gpu_hours_job": a.gpu_hours_job,

@@ -9,6 +9,7 @@ where it runs in a process forked for it (executor/forked.py).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -18,7 +19,7 @@ from typing import Any
 
 import submitit  # here, not in the call: a worker forks each call, which would import it again
 
-from ..allocation import record_path
+from ..allocation import STATE_OF_EXIT_CODE, record_path
 from ..errors import ExecutorError
 from ..runspec import RunSpec
 from . import forked
@@ -43,18 +44,20 @@ class DebugExecutor(Executor):
         payload = make_payload(spec, record_path(folder))
         if forked.in_worker():
             try:
-                error = forked.call_forked(lambda: _run(folder, payload) or "", own_group=False) or None
+                error, code = json.loads(forked.call_forked(lambda: json.dumps(_run(folder, payload)), own_group=False))
             except ExecutorError as exc:  # its process died (the OOM killer, a signal)
-                error = str(exc)
+                error, code = str(exc), 1
         else:
-            error = _run(folder, payload)
+            error, code = _run(folder, payload)
         elapsed = time.monotonic() - t0
         if error is not None:
             log.error("debug job %s failed: %s", job_id, error)
             (folder / "error.txt").write_text(f"{error}\n")
+        # A job that stopped with an exit code the executors read (preempted, at its time limit) says so.
+        state = "COMPLETED" if error is None else STATE_OF_EXIT_CODE.get(code, "FAILED")
         self._done[job_id] = JobInfo(
-            job_id=job_id, state="FAILED" if error else "COMPLETED", start=start,
-            end=start + timedelta(seconds=elapsed), elapsed_seconds=elapsed, exit_code="1" if error else "0",
+            job_id=job_id, state=state, start=start,
+            end=start + timedelta(seconds=elapsed), elapsed_seconds=elapsed, exit_code=str(code),
         )
         return job_id
 
@@ -69,8 +72,12 @@ class DebugExecutor(Executor):
         self._done.setdefault(job_id, JobInfo(job_id=job_id, state="CANCELLED"))
 
 
-def _run(folder: Path, payload: Callable[[], Any]) -> str | None:
-    """Run `payload` as a submitit debug job in this process: None, or what it raised."""
+def _run(folder: Path, payload: Callable[[], Any]) -> tuple[str | None, int]:
+    """Run `payload` as a submitit debug job in this process: (None, 0), or what it raised and its
+    exit code: that of a job that stopped preempted or at its time limit, else 1."""
     # exception() runs the job without DebugJob.results()'s post-mortem debugger prompt.
     exc = submitit.DebugExecutor(folder=folder).submit(payload).exception()
-    return None if exc is None else f"{type(exc).__name__}: {exc}"
+    if exc is None:
+        return None, 0
+    code = getattr(exc, "exit_code", 1)
+    return f"{type(exc).__name__}: {exc}", code if code in STATE_OF_EXIT_CODE else 1

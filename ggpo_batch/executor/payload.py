@@ -10,18 +10,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..allocation import checkpoint_folder
 from ..errors import ExecutorError
 from ..runspec import RunSpec
 
 
 def make_payload(spec: RunSpec, output: Path) -> Callable[[], Any]:
-    """The callable that trains `spec` inside an allocation and writes its record to `output`."""
+    """The callable that trains `spec` inside an allocation and writes its record to `output` (in the
+    attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it."""
     if spec.method == "ggpo":
         from ..train.job import (
             TrainingJob,  # imported late: torch is only needed on the allocation
         )
 
-        return TrainingJob(spec.to_json(), str(output))
+        return TrainingJob(spec.to_json(), str(output), str(checkpoint_folder(Path(output).parent)))
     raise ExecutorError(f"method {spec.method!r} has no training job (known: ggpo)")
 
 

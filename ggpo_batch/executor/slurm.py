@@ -13,14 +13,20 @@ Multi-node: the profile's `nodes` (which the spec must match) goes to sbatch as 
 
 Preemption: the payload is wrapped so submitit's USR2 handler checkpoints and requeues it
 (`scontrol requeue`, same job id) as often as the spec's `retries` allows; every run of the job id is one sacct record, which the ledger
-books as its own attempt (see `accounts`). A TIMEOUT is not requeued unless the profile says so.
+books as its own attempt (see `accounts`). A time limit is never requeued: the batch script tells
+the job its limit (allocation.time_limit_export), the job checkpoints before it and exits
+TIME_LIMIT_EXIT_CODE, which sacct reports as FAILED and `accounts` as TIMEOUT; settlement then
+decides whether the run continues as a new attempt.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -30,8 +36,15 @@ from typing import Any
 import submitit
 from submitit.helpers import DelayedSubmission
 
-from ..allocation import PREEMPTED_EXIT_CODE, alloc_start_export, record_path
-from ..errors import ExecutorError
+from ..allocation import (
+    PREEMPTED_EXIT_CODE,
+    STATE_OF_EXIT_CODE,
+    alloc_start_export,
+    allocation_start,
+    record_path,
+    time_limit_export,
+)
+from ..errors import ExecutorError, GgpoError
 from ..runspec import RunSpec
 from .base import Executor, JobAccount, JobInfo, job_name
 from .pacing import Bucket, Unpaced, make_bucket
@@ -70,11 +83,14 @@ _TIMEOUT_MARGIN_S = 65.0
 class Requeueable:
     """A payload that submitit checkpoints and requeues on preemption, at most `requeues_left` times.
 
-    submitit's USR2 handler calls `checkpoint()`. Here it decides, from the time the job has run:
-    near the time limit it is a TIMEOUT, a failure of the run: it waits for Slurm to end the job,
-    so sacct says TIMEOUT. Otherwise it is a preemption: with an allowance left (`retries = N`
-    in the spec; 0 by default) the job is requeued, delegating to the payload's own
-    `checkpoint()` to save its state; without one the job exits PREEMPTED_EXIT_CODE.
+    USR2 is judged from the time the allocation has run (from GGPO_ALLOC_START). Near the time
+    limit it is the time limit's: the payload is told (its `time_limit_signal()`, if it has one:
+    the training job checkpoints at its own deadline and stops), and nothing is requeued.
+    Otherwise it is a preemption, for submitit's handler, which calls `checkpoint()`: with an
+    allowance left (`retries = N` in the spec; 0 by default) the job is requeued, delegating to
+    the payload's own `checkpoint()` to save its state; without one the job exits
+    PREEMPTED_EXIT_CODE. A payload that stops by raising a GgpoError with one of the exit codes
+    the executor reads (allocation.STATE_OF_EXIT_CODE) exits with that code.
     """
 
     def __init__(self, fn: Callable[[], Any], requeues_left: int = 0, *, time_limit_s: float = float("inf"),
@@ -87,14 +103,36 @@ class Requeueable:
 
     def __call__(self) -> Any:
         self._started = time.monotonic()
-        return self.fn()
+        if threading.current_thread() is threading.main_thread():
+            submitit_handler = signal.getsignal(signal.SIGUSR2)
+            if callable(submitit_handler):
+                signal.signal(signal.SIGUSR2, functools.partial(self._on_usr2, submitit_handler))
+        try:
+            return self.fn()
+        except GgpoError as exc:
+            if exc.exit_code not in STATE_OF_EXIT_CODE:
+                raise
+            log.warning("%s: exiting %d", exc.message, exc.exit_code)
+            logging.shutdown()
+            os._exit(exc.exit_code)
+
+    def _on_usr2(self, submitit_handler: Callable[..., Any], signum: int, frame: Any) -> None:
+        if not self.timed_out():
+            submitit_handler(signum, frame)  # a preemption: checkpoint() and requeue, or exit
+            return
+        told = getattr(self.fn, "time_limit_signal", None)
+        log.warning("time limit near (USR2): %s", "the job checkpoints at its deadline and stops" if told else
+                    "not requeued; Slurm ends the job (TIMEOUT)")
+        if told is not None:
+            told()
 
     def _next(self, fn: Callable[[], Any]) -> Requeueable:
         return Requeueable(fn, self.requeues_left - 1, time_limit_s=self.time_limit_s,
                            signal_delay_s=self.signal_delay_s)
 
     def timed_out(self) -> bool:
-        ran = time.monotonic() - self._started
+        """Is the allocation near its time limit? Counted from its start, not from this payload's."""
+        ran = max(time.monotonic() - self._started, time.time() - allocation_start())
         return ran >= self.time_limit_s - self.signal_delay_s - _TIMEOUT_MARGIN_S
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> DelayedSubmission:
@@ -235,9 +273,10 @@ class SlurmExecutor(Executor):
         extra = {k: v for k, v in params.get("additional_parameters", {}).items() if k not in ("requeue", "no_requeue")}
         extra["requeue" if requeues > 0 else "no_requeue"] = True
         params["additional_parameters"] = extra
-        # The batch script's first lines: the allocation's start (the job's own GPU-hour clock), then
-        # the ranks' rendezvous port.
-        params["setup"] = [ALLOC_START_LINE, RENDEZVOUS_PORT_LINE, *params.get("setup", [])]
+        # The batch script's first lines: the allocation's start (the job's own GPU-hour clock), its
+        # time limit and signal delay (the job's save deadline), then the ranks' rendezvous port.
+        params["setup"] = [ALLOC_START_LINE, time_limit_export(60.0 * params["time"], params["signal_delay_s"]),
+                           RENDEZVOUS_PORT_LINE, *params.get("setup", [])]
         return params
 
     def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:
@@ -275,7 +314,7 @@ class SlurmExecutor(Executor):
 
     def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
         """One sacct call for all ids, with every run (segment) of each job for the ledger."""
-        return {k: _preempted_exit(a) for k, a in self.sacct.accounts(job_ids).items()}
+        return {k: _own_exit_states(a) for k, a in self.sacct.accounts(job_ids).items()}
 
     def cancel(self, job_id: str) -> None:
         if not _JOB_ID.match(str(job_id)):
@@ -284,11 +323,13 @@ class SlurmExecutor(Executor):
         log.info("cancelled Slurm job %s", job_id)
 
 
-def _preempted_exit(account: JobAccount) -> JobAccount:
-    """A job that exited PREEMPTED_EXIT_CODE was preempted with no requeue left: say so."""
+def _own_exit_states(account: JobAccount) -> JobAccount:
+    """A job that exited with one of the codes the executor reads says why it stopped: preempted with
+    no requeue left (PREEMPTED), or checkpointed at its time limit (TIMEOUT)."""
     def fix(info: JobInfo) -> JobInfo:
-        if info.state == "FAILED" and (info.exit_code or "").split(":")[0] == str(PREEMPTED_EXIT_CODE):
-            return replace(info, state="PREEMPTED")
+        code = (info.exit_code or "").split(":")[0]
+        if info.state == "FAILED" and code.isdigit() and int(code) in STATE_OF_EXIT_CODE:
+            return replace(info, state=STATE_OF_EXIT_CODE[int(code)])
         return info
 
     return replace(account, latest=fix(account.latest), segments=tuple(fix(s) for s in account.segments))

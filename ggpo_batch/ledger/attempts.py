@@ -12,7 +12,13 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..errors import LedgerError
-from ..states import ATTEMPT_FINAL, IN_FLIGHT_ATTEMPT_STATES, UNSUBMITTED_ATTEMPT_END
+from ..states import (
+    ATTEMPT_FINAL,
+    ATTEMPT_KIND_CONTINUATION,
+    ATTEMPT_KIND_TRAINING,
+    IN_FLIGHT_ATTEMPT_STATES,
+    UNSUBMITTED_ATTEMPT_END,
+)
 from .core import LedgerCore
 from .events import RowEvents
 from .schema import (
@@ -26,7 +32,7 @@ _RUN, _ATT, _EXP = Run.__table__, Attempt.__table__, Experiment.__table__
 _RUN_READ = ("id", "experiment_id", "run_key", "arm", "seed", "state", "retries_allowed", "cause", "worker",
              "updated_at")
 _RUN_WRITE = ("state", "cause", "worker", "updated_at")  # what a transition changes on its run
-_NEW_ATTEMPT = ("run_id", "number", "executor", "state", "gpus", "submitted_by", "worker", "created_at")
+_NEW_ATTEMPT = ("run_id", "number", "executor", "kind", "state", "gpus", "submitted_by", "worker", "created_at")
 # what a transition changes on an attempt (not the heartbeat, which reconcile copies unlocked)
 _ATT_WRITE = ("state", "reason", "job_id", "submitted_at", "started_at", "ended_at", "elapsed_seconds",
               "gpu_hours_job", "gpu_hours_scheduler", "scheduler_state", "exit_code")
@@ -39,8 +45,12 @@ _RUN_ROW = (select(*(_RUN.c[c] for c in _RUN_READ)).where(_RUN.c.run_key == bind
 # The run's last attempt, joined to its row: a worker's first step reads both in one round trip.
 _LAST = _ATT.alias("last_attempt")
 _LAST_READ = ("number", "state", "worker")
+# Has an earlier attempt of the run ended at its time limit? Then the next one continues the run
+# past it (from the run's checkpoint): its kind is continuation.
+_TIMED_OUT = (select(func.count()).select_from(_ATT)
+              .where(_ATT.c.run_id == _RUN.c.id, _ATT.c.state == "timeout").scalar_subquery())
 _SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP.c.queue,
-                          *(_LAST.c[c].label(f"last_{c}") for c in _LAST_READ))
+                          *(_LAST.c[c].label(f"last_{c}") for c in _LAST_READ), _TIMED_OUT.label("timed_out"))
                    .join_from(_RUN, _EXP, _EXP.c.id == _RUN.c.experiment_id)
                    .outerjoin(_LAST, and_(_LAST.c.run_id == _RUN.c.id,
                                           _LAST.c.number == select(func.max(_ATT.c.number))
@@ -48,6 +58,8 @@ _SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP
                    .where(_RUN.c.run_key == bindparam("key")).with_for_update(of=_RUN))
 _LAST_ATTEMPT = (select(*(_ATT.c[c] for c in _LAST_READ)).where(_ATT.c.run_id == bindparam("run"))
                  .order_by(_ATT.c.number.desc()).limit(1))
+_RUN_TIMED_OUT = select(func.count()).select_from(_ATT).where(_ATT.c.run_id == bindparam("run"),
+                                                              _ATT.c.state == "timeout")
 # The run (locked) with every attempt, one row per attempt (one row with NULL attempt columns if
 # it has none): a transition reads both in one round trip.
 _ATT_COLS = tuple(c.name for c in _ATT.c)
@@ -113,7 +125,9 @@ class AttemptTransitions(LedgerCore):
             if run.state != "queued":
                 raise LedgerError(f"run {run_key}: is {run.state}, only a queued run can be submitted")
             last = conn.execute(_LAST_ATTEMPT, {"run": run.id}).one_or_none()
-            return self._begin(conn, run, last, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker)
+            timed_out = bool(conn.scalar(_RUN_TIMED_OUT, {"run": run.id}))
+            return self._begin(conn, run, last, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker,
+                               continues=timed_out)
 
     def begin_submission(self, run_key: str, *, actor: str, worker: str | None,
                          plan: Callable[[dict[str, Any], str | None], AttemptPlan]) -> Submission:
@@ -128,17 +142,19 @@ class AttemptTransitions(LedgerCore):
             fields = row._asdict()
             run_spec, queue = fields.pop("run_spec"), fields.pop("queue")
             last = _Last(*(fields.pop(f"last_{c}") for c in _LAST_READ))
+            timed_out = bool(fields.pop("timed_out"))
             run = Run(**fields)
             if run.state != "queued":
                 return Submission(run.state, run_spec, queue, None)
             att = self._begin(conn, run, last if last.number is not None else None, plan(run_spec, queue),
-                              actor=actor, worker=worker)
+                              actor=actor, worker=worker, continues=timed_out)
             return Submission(run.state, run_spec, queue, att)
 
     def _begin(self, conn: Connection, run: Run, last: _Last | Row[Any] | None, plan: AttemptPlan, *, actor: str,
-               worker: str | None) -> Attempt:
+               worker: str | None, continues: bool = False) -> Attempt:
         """Begin the next attempt of `run` (queued, locked by this transaction) after `last`, its
-        latest attempt (number, state, worker; None if it has none), and end the transaction."""
+        latest attempt (number, state, worker; None if it has none), and end the transaction.
+        `continues`: an earlier attempt ended at its time limit, so this one is a continuation."""
         if last is not None and last.state == "submitting":
             raise LedgerError(f"run {run.run_key}: attempt {last.number} is being submitted by {last.worker}")
         if plan.quota is not None and plan.quota[1] > 0:
@@ -147,7 +163,8 @@ class AttemptTransitions(LedgerCore):
             used = self._in_flight(conn, queue)
             if used + plan.gpus > limit:
                 raise QuotaExceeded(queue, used, plan.gpus, limit)
-        att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=plan.executor,
+        kind = ATTEMPT_KIND_CONTINUATION if continues else ATTEMPT_KIND_TRAINING
+        att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=plan.executor, kind=kind,
                       state="submitting", gpus=plan.gpus, submitted_by=actor, worker=worker, created_at=utcnow())
         att.id = conn.execute(_NEW_ATTEMPT_ROW, {c: getattr(att, c) for c in _NEW_ATTEMPT}).inserted_primary_key[0]
         events = RowEvents(actor)
@@ -363,7 +380,8 @@ class AttemptTransitions(LedgerCore):
             att.state, att.reason, att.scheduler_state = state, reason, sched
             att.started_at = started_at or att.started_at
             att.ended_at, att.elapsed_seconds, att.gpu_hours_scheduler = ended_at, elapsed_seconds, gpu_hours_scheduler
-            nxt = Attempt(run_id=run.id, number=number + 1, executor=att.executor, job_id=att.job_id, state="running",
+            nxt = Attempt(run_id=run.id, number=number + 1, executor=att.executor, kind=att.kind, job_id=att.job_id,
+                          state="running",
                           gpus=att.gpus, submitted_by=att.submitted_by, worker=att.worker,
                           submitted_at=att.submitted_at, started_at=next_started_at)
             s.add(nxt)

@@ -61,8 +61,10 @@ class CostRecords(LedgerCore):
                 q = q.where(Attempt.gpus == gpus)
             return [(e, r, a) for e, r, a in s.execute(q).all()]
 
-    def committed_gpu_hours(self, *, user: str | None = None, queue: str | None = None) -> tuple[float, float]:
-        """(spent, in flight) GPU-hours of the experiments created by `user` and/or on `queue`.
+    def committed_gpu_hours(self, *, user: str | None = None, queue: str | None = None,
+                            experiment_id: int | None = None) -> tuple[float, float]:
+        """(spent, in flight) GPU-hours of the experiments created by `user` and/or on `queue` (and/or
+        of one experiment).
 
         Spent books each attempt's figure (the scheduler's, else the job's own); in flight is the
         estimate of every run still queued, submitted or running.
@@ -80,6 +82,9 @@ class CostRecords(LedgerCore):
             if queue is not None:
                 spent_q = spent_q.where(Experiment.queue == queue)
                 flight_q = flight_q.where(Experiment.queue == queue)
+            if experiment_id is not None:
+                spent_q = spent_q.where(Experiment.id == experiment_id)
+                flight_q = flight_q.where(Experiment.id == experiment_id)
             return float(s.scalar(spent_q) or 0.0), float(s.scalar(flight_q) or 0.0)
 
     def apply_decision(self, *, experiment_name: str, kind: str, actor: str, fields: Mapping[str, Any],

@@ -4,13 +4,14 @@ are attempts.py, costs.py and component_runs.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import func, insert, literal, null, select
 from sqlalchemy.orm import Session, undefer
 
 from ..errors import LedgerError
+from ..states import IN_FLIGHT_ATTEMPT_STATES, UNFINISHED_RUN_STATES
 from .bulk import insert_rows
 from .core import LedgerCore, NewRun
 from .schema import (
@@ -239,6 +240,20 @@ class RunTransitions(LedgerCore):
                     att.state, att.ended_at = "cancelled", utcnow()
             run.cause = reason
             return run
+
+    def clean_run(self, run_key: str, *, actor: str, remove: Callable[[Run], str | None]) -> str | None:
+        """Remove files of a finished run with the run locked, and book what went as an event
+        (entity `cleanup`): `remove(run)` deletes them and says what it removed (None: nothing).
+        A run that is not finished, or has an attempt that may still hold an allocation (a cancelled
+        run's job not yet ended), is left alone: returns None without calling `remove`."""
+        with self.session() as s:
+            run = self._locked_run(s, run_key)
+            if run.state in UNFINISHED_RUN_STATES or any(a.state in IN_FLIGHT_ATTEMPT_STATES for a in run.attempts):
+                return None
+            removed = remove(run)
+            if removed:
+                self._event(s, entity="cleanup", to_state="removed", actor=actor, reason=removed, run=run)
+            return removed
 
     def mark_not_reproduced(self, run_key: str, *, actor: str, reason: str) -> Run:
         with self.session() as s:

@@ -117,6 +117,9 @@ class Attempt(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)
     executor: Mapped[str] = mapped_column(String(16))
+    # What its GPU-hours were spent on (states.ATTEMPT_KINDS): training, or the continuation of
+    # the run past a time limit (migration 0005; older attempts are training).
+    kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
     job_id: Mapped[str | None] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16))
     scheduler_state: Mapped[str | None] = mapped_column(String(32))
@@ -157,7 +160,7 @@ class Event(Base):
     experiment_id: Mapped[int | None] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
     run_id: Mapped[int | None] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
-    entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision
+    entity: Mapped[str] = mapped_column(String(16))  # experiment | run | attempt | decision | cleanup (files removed)
     from_state: Mapped[str | None] = mapped_column(String(32))
     to_state: Mapped[str] = mapped_column(String(32))
     actor: Mapped[str] = mapped_column(String(USER_MAX))

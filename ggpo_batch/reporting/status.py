@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ..accounting import attempt_gpu_hours, disagrees
+from ..continuation import label as continuation_label
 from ..heartbeat import HUNG_AFTER_SECONDS, is_hung, progress_text
 from ..ledger import Ledger
 from ..ledger.heartbeats import attempt_heartbeat
@@ -54,6 +55,8 @@ def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float 
         "job_id": last.job_id if last else None,
         "worker": run.worker,
         "cause": run.cause,
+        # "continued after time limit (2 of 3)": the run went on past its time limit in new allocations
+        "continuation": continuation_label(run),
         "accounting_disagreement": any(disagrees(a.gpu_hours_job, a.gpu_hours_scheduler) for a in atts),
         # The record's stamps: a run may end `succeeded` (its allocation completed and wrote a valid
         # record) while its rollout audit failed or its budget/exposure was short; shown, never hidden.
@@ -81,7 +84,13 @@ def _liveness(run: Run, last: Attempt | None, hung_after: float, now: float) -> 
 
 def state_label(row: dict[str, Any]) -> str:
     """A run's state as `status` and the dashboard print it: a running run with its progress
-    (`running  step 41  1830/2700 s`), or flagged when its heartbeat stopped."""
+    (`running  step 41  1830/2700 s`), or flagged when its heartbeat stopped; and, for a run that
+    went on past its time limit, `continued after time limit (2 of 3)`."""
+    label = _state_label(row)
+    return f"{label}, {row['continuation']}" if row.get("continuation") else label
+
+
+def _state_label(row: dict[str, Any]) -> str:
     state, hb = row["state"], row.get("heartbeat")
     if state != "running":
         return f"{state}, audit failed" if row.get("audit_failed") else state

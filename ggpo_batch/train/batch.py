@@ -27,7 +27,6 @@ class LoopState:
     step: int = 0
     loop_seconds: float = 0.0
     last_batch_seconds: float = 0.0
-    prior_elapsed_seconds: float = 0.0
     tally: Counter = field(default_factory=Counter)  # local counts, costs and aux sources
     templates: Counter = field(default_factory=Counter)
     aux_seen: set = field(default_factory=set)

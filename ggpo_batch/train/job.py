@@ -5,9 +5,18 @@ Ranks come from submitit (4 tasks on a 4-GPU node) or from torchrun-style env va
 is the edge that reads the environment; nothing below it does.
 
 Preemption: submitit calls `checkpoint()` on rank 0 (its USR2 hook) and requeues the job; the
-requeued job resumes from the last checkpoint in `<output>.ckpt/`, written collectively every
-`train.checkpoint_every` steps and at once when any rank receives SIGUSR1 or SIGTERM (outside
-submitit, the job then exits with `Preempted` and a rerun of the same command resumes).
+requeued job resumes from the last checkpoint in the run's checkpoint folder (`<output>.ckpt/` for a
+job outside the queue), written collectively every `train.checkpoint_every` steps and at once when
+any rank receives SIGUSR1 or SIGTERM (outside submitit, the job then exits with `Preempted` and a
+rerun of the same command resumes).
+
+Time limit: the job's save deadline is its allocation's start (GGPO_ALLOC_START) + the time limit -
+the profile's signal delay (allocation.save_deadline). When the next batch would end past it, the
+ranks checkpoint together, rank 0 writes `time_limit.json` in the attempt folder, and the job exits
+TIME_LIMIT_EXIT_CODE (TimeLimitReached): settlement continues the run in a new allocation when its
+spec says `continue_on_timeout`. A job that resumes adds the earlier allocations' time, each up to
+the checkpoint it handed on, to its record (whose loop seconds span them too); the ledger books
+each allocation on its own attempt (the details' `allocation_elapsed_seconds`).
 """
 
 from __future__ import annotations
@@ -19,7 +28,6 @@ import logging
 import os
 import signal
 import socket
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +36,15 @@ from typing import Any
 import submitit
 
 from .. import versions
-from ..allocation import PREEMPTED_EXIT_CODE, allocation_start, details_of
+from ..allocation import (
+    PREEMPTED_EXIT_CODE,
+    TIME_LIMIT_EXIT_CODE,
+    allocation_start,
+    details_of,
+    policy_of,
+    save_deadline,
+    time_limit_path,
+)
 from ..config import mlflow_uri
 from ..errors import GgpoError
 from ..heartbeat import Heartbeat, write_heartbeat
@@ -49,6 +65,12 @@ class Preempted(GgpoError):
     """The job checkpointed on a preemption signal and stopped; rerun it to resume."""
 
     exit_code = PREEMPTED_EXIT_CODE
+
+
+class TimeLimitReached(GgpoError):
+    """The job checkpointed because its allocation's time limit was near, and stopped."""
+
+    exit_code = TIME_LIMIT_EXIT_CODE
 
 
 def _distributed_env() -> tuple[int, int, int, bool]:
@@ -145,23 +167,73 @@ def _step_figures(trainer: Any, tokens_before: int) -> list[float]:
             float(trainer.state.tally["backend_generated_tokens"] - tokens_before)]
 
 
+def _nodes(world: int) -> int:
+    """Nodes of this job's world (submitit exports LOCAL_WORLD_SIZE; a local run is one node)."""
+    try:
+        per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        per_node = world
+    return max(1, world // max(1, per_node))
+
+
+def _allocation(t0: float, first_step: int, first_loop: float, st: Any) -> dict[str, Any]:
+    """This allocation's share of the run so far: its elapsed seconds, steps and loop seconds."""
+    return {"elapsed_seconds": time.time() - t0, "from_step": first_step, "to_step": st.step,
+            "loop_seconds": st.loop_seconds - first_loop}
+
+
 class TrainingJob(submitit.helpers.Checkpointable):
-    def __init__(self, spec_json: str, output: str) -> None:
+    def __init__(self, spec_json: str, output: str, checkpoint: str | None = None) -> None:
+        """`checkpoint`: the run's checkpoint folder (default `<output>.ckpt`)."""
         self.spec_json = spec_json
         self.output = output
+        self.checkpoint_dir = checkpoint
         self._stop_requested = False
+        self._time_limit_signalled = False
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """submitit's preemption hook (rank 0, inside a signal handler: no collectives possible)."""
         self._stop_requested = True
-        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec_json, self.output))
+        return submitit.helpers.DelayedSubmission(TrainingJob(self.spec_json, self.output, self._checkpoint_dir()))
+
+    def time_limit_signal(self) -> None:
+        """The scheduler's time-limit signal (executor/slurm.py, inside a signal handler). Heeded only by
+        a job that does not know its own deadline: Slurm may send it up to 60 s early."""
+        self._time_limit_signalled = True
+
+    def _checkpoint_dir(self) -> str:
+        return getattr(self, "checkpoint_dir", None) or self.output + ".ckpt"  # older pickles lack it
+
+    def _time_up(self, deadline: float | None, next_batch_seconds: float) -> bool:
+        """Would the next batch end past the save deadline (or, without one, did the scheduler say so)?"""
+        if deadline is None:
+            return getattr(self, "_time_limit_signalled", False)
+        return time.time() + next_batch_seconds >= deadline
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         log.warning("signal %s: checkpointing at the end of the batch in flight", signal.Signals(signum).name)
         self._stop_requested = True
 
+    def _stop_at_time_limit(self, trainer: Any, ckpt: Path, t0: float, first_step: int, first_loop: float,
+                            deadline: float | None) -> None:
+        """After the checkpoint at the time limit: rank 0 says where the run stopped (time_limit.json),
+        with this allocation's elapsed seconds through the save, amended into the checkpoint's own
+        account too (so the record and the ledger bill the same seconds); every rank then stops."""
+        from .checkpoint import amend_last_allocation
+
+        st = trainer.state
+        if trainer.rank == 0:
+            share = _allocation(t0, first_step, first_loop, st)
+            amend_last_allocation(ckpt, share)
+            write_json_atomic(time_limit_path(Path(self.output).parent), {
+                "step": st.step, "from_step": first_step, "loop_seconds": st.loop_seconds,
+                "budget_seconds": trainer.budget_seconds, "loop_done": trainer.loop_done(),
+                "elapsed_seconds": share["elapsed_seconds"], "deadline": deadline, "checkpoint": str(ckpt)})
+        raise TimeLimitReached(f"time limit near: checkpointed at step {st.step} in {ckpt}")
+
     def __call__(self) -> dict[str, Any]:
         t0 = allocation_start()
+        deadline = save_deadline(t0)
         # The allocation's libraries, before anything is imported for training or trained (versions.py).
         run_cfg = TrainConfig.from_table(RunSpec.from_json(self.spec_json).train, "<run spec>")
         versions.require(versions.needed(run_cfg), f"the allocation ({socket.gethostname()})")
@@ -185,14 +257,18 @@ class TrainingJob(submitit.helpers.Checkpointable):
         init_process_group(cuda)
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, self._on_signal)
-        output, ckpt = Path(self.output), Path(self.output + ".ckpt")
+        output, ckpt, nodes = Path(self.output), Path(self._checkpoint_dir()), _nodes(world)
         trainer = Trainer(spec, cfg, rank=rank, world=world, device=device,
                           budget_seconds=spec.loop_budget_seconds)
         progress: Progress | None = None
         try:
-            resumed = trainer.load(ckpt)
-            # Elapsed time of earlier attempts (up to their checkpoint) stays on the bill.
-            t0 -= trainer.state.prior_elapsed_seconds if resumed else 0.0
+            meta = trainer.load(ckpt, nodes=nodes)
+            resumed = meta is not None
+            # The allocations before this one, each up to the checkpoint it handed on: the record
+            # bills them with this one, as its loop seconds span them.
+            earlier: list[dict[str, Any]] = list(meta.get("allocations", [])) if meta else []
+            earlier_seconds = sum(float(a["elapsed_seconds"]) for a in earlier)
+            first_step, first_loop = trainer.state.step, trainer.state.loop_seconds
             if rank == 0:
                 from ..tracking import Tracking
 
@@ -202,28 +278,35 @@ class TrainingJob(submitit.helpers.Checkpointable):
             # Opening the MLflow run (a new SQLite store builds its schema: seconds) stays out of the
             # loop: the other ranks wait here, not inside the first step's collectives.
             dist.barrier()
-            done = bool(trainer.state.step) and trainer.state.loop_seconds >= spec.loop_budget_seconds
+            done = bool(trainer.state.step) and trainer.loop_done()
             while not done:
                 tokens_before = trainer.state.tally["backend_generated_tokens"]
                 done = trainer.step()
-                # One reduction: the stop flag and the step's figures (NCCL reduces device tensors only).
-                red = torch.tensor([float(self._stop_requested), *_step_figures(trainer, tokens_before)],
-                                   dtype=torch.float64, device=device)
+                # One reduction: the stop and time-limit flags and the step's figures (NCCL reduces
+                # device tensors only); any rank's flag stops every rank.
+                time_up = self._time_up(deadline, trainer.state.last_batch_seconds)
+                red = torch.tensor([float(self._stop_requested), float(time_up),
+                                    *_step_figures(trainer, tokens_before)], dtype=torch.float64, device=device)
                 dist.all_reduce(red, op=dist.ReduceOp.SUM)
-                stop = float(red[0]) > 0
+                stop, time_up = float(red[0]) > 0, float(red[1]) > 0
                 if progress is not None:
                     seconds = trainer.state.last_batch_seconds
-                    progress.step(trainer.state, float(red[1] / red[2]) if red[2] else None,
-                                  float(red[3]) / seconds if seconds > 0 else None)
+                    progress.step(trainer.state, float(red[2] / red[3]) if red[3] else None,
+                                  float(red[4]) / seconds if seconds > 0 else None)
+                # At the time limit a run that will continue stops even with its loop done: export,
+                # audit and evaluation may not fit before the kill; its continuation does them.
+                out_of_time = time_up and (not done or spec.continue_on_timeout)
                 periodic = cfg.checkpoint_every and trainer.state.step % cfg.checkpoint_every == 0
-                if stop or (periodic and not done):
-                    trainer.state.prior_elapsed_seconds = time.time() - t0
-                    trainer.save(ckpt)
-                if stop and not done:
+                if stop or out_of_time or (periodic and not done):
+                    trainer.save(ckpt, meta={"allocations": [*earlier, _allocation(t0, first_step, first_loop,
+                                                                                     trainer.state)]}, nodes=nodes)
+                if out_of_time or (stop and not done):
                     if progress is not None:
                         progress.beat(trainer.state)
                         progress.end("KILLED")
                         progress = None
+                    if out_of_time:
+                        self._stop_at_time_limit(trainer, ckpt, t0, first_step, first_loop, deadline)
                     raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
             if progress is not None:
                 progress.beat(trainer.state)
@@ -231,7 +314,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
             digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
             rank_digests: list[str | None] = [None] * world
             dist.all_gather_object(rank_digests, digest)  # the ranks must hold the same policy
-            training_seconds = time.time() - t0
+            training_seconds = earlier_seconds + time.time() - t0
             t1 = time.time()
             audit = trainer.run_audit()
             audit_seconds = time.time() - t1
@@ -242,7 +325,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
             evaluation_seconds = time.time() - t2
             if progress is not None:
                 progress.beat(trainer.state)
-            elapsed = time.time() - t0
+            own_elapsed = time.time() - t0
+            elapsed = earlier_seconds + own_elapsed
             from .result import build_record
 
             st = trainer.state
@@ -260,6 +344,11 @@ class TrainingJob(submitit.helpers.Checkpointable):
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
                            "audit": audit.details(),
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
+                           # Each allocation's share (elapsed s, steps, loop s); this one's elapsed is
+                           # what the ledger books on this attempt (the record sums them all).
+                           "allocations": [*earlier, {**_allocation(t0, first_step, first_loop, st),
+                                                      "elapsed_seconds": own_elapsed}],
+                           "allocation_elapsed_seconds": own_elapsed,
                            "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
                            "rank_policy_sha256": rank_digests,
                            # The trained policy as a Hugging Face directory (from_pretrained loads it).
@@ -301,7 +390,7 @@ def release_process_group() -> None:
 
 def policy_dir(record: Path) -> Path:
     """Where a run exports its trained policy: a Hugging Face directory beside its record."""
-    return Path(str(record) + ".policy")
+    return policy_of(record)
 
 
 def run_with_budget(spec: RunSpec, budget_seconds: float | None) -> RunSpec:

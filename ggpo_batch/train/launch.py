@@ -18,7 +18,7 @@ from pathlib import Path
 from ..errors import GgpoError
 from ..netutil import free_port
 from ..runspec import RunSpec
-from .job import Preempted, TrainingJob, run_with_budget
+from .job import Preempted, TimeLimitReached, TrainingJob, run_with_budget
 from .rankfork import ForkServer, Rank
 
 log = logging.getLogger(__name__)
@@ -75,8 +75,9 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
                     log.error("rank pid %d (log %s) killed; its exit status did not come back", p.pid, log_path)
     if failed:
         rank, rc, log_path = failed[0]
-        if all(f[1] == Preempted.exit_code for f in failed) and len(failed) == nproc:
-            raise Preempted(f"all {nproc} ranks checkpointed in {output}.ckpt; call again to resume")
+        for stopped in (Preempted, TimeLimitReached):  # every rank checkpointed and stopped together
+            if all(f[1] == stopped.exit_code for f in failed) and len(failed) == nproc:
+                raise stopped(f"all {nproc} ranks checkpointed in {output}.ckpt; call again to resume")
         tail = log_path.read_text(errors="replace").strip().splitlines()[-1:] or [""]
         raise GgpoError(f"training rank {rank} exited {rc} (log {log_path}): {tail[0][:300]}")
     return json.loads(output.read_text())

@@ -275,7 +275,7 @@ class Trainer:
         if self.rank == 0:
             log.info("step %d loss %.4f retained %d loop %.2fs", st.step, st.history[-1]["loss"], retained,
                      st.loop_seconds)
-        return st.loop_seconds >= self.budget_seconds or (cfg.max_steps and st.step >= cfg.max_steps)
+        return self.loop_done()
 
     # ---- phases after the loop ------------------------------------------------------------------
     def run_audit(self) -> AuditResult:
@@ -332,29 +332,31 @@ class Trainer:
         return {n: int(v) for n, v in zip(names, vec.tolist()) if v}
 
     # ---- checkpoint / export --------------------------------------------------------------------
-    def save(self, folder: Path) -> None:
-        """A resumable checkpoint (collective: every rank must call it)."""
-        folder.mkdir(parents=True, exist_ok=True)
-        self.engine.save_checkpoint(str(folder), tag="loop")
-        torch.save({"state": self.state, "evidence": self.evidence, "reference": self.reference.state_dict()},
-                   folder / f"loop_rank{self.rank}.pt")
-        dist.barrier()
+    def save(self, folder: Path, *, meta: dict[str, Any] | None = None, nodes: int = 1,
+             omit: tuple[str, ...] = ()) -> None:
+        """A resumable checkpoint (collective: every rank must call it); train/checkpoint.py. `omit`
+        is a test seam naming parts not to carry."""
+        from .checkpoint import save
 
-    def load(self, folder: Path) -> bool:
-        """Resume from `folder` if it holds a complete checkpoint for this world size."""
-        mine = folder / f"loop_rank{self.rank}.pt"
-        ok = torch.tensor([1 if mine.is_file() else 0], device=self.device)
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-        if not int(ok):
-            return False
-        self.engine.load_checkpoint(str(folder), tag="loop")
-        saved = torch.load(mine, weights_only=False)
-        self.state, self.evidence = saved["state"], saved["evidence"]
-        self.reference.load_state_dict(saved["reference"])
+        save(self, folder, meta=meta, nodes=nodes, omit=omit)
+
+    def load(self, folder: Path, *, nodes: int = 1) -> dict[str, Any] | None:
+        """Resume from `folder` if it holds a complete checkpoint (of this world size: another one is
+        refused); returns its description, or None when there is none."""
+        from .checkpoint import load
+
+        meta = load(self, folder, nodes=nodes)
+        if meta is None:
+            return None
         if self.weight_sync is not None:
             self.weight_sync.push(self.state.step)
         log.info("rank %d resumed at step %d (loop %.2fs)", self.rank, self.state.step, self.state.loop_seconds)
-        return True
+        return meta
+
+    def loop_done(self) -> bool:
+        """Has the loop reached its budget (or train.max_steps)? Checked after each step and on resume."""
+        st = self.state
+        return st.loop_seconds >= self.budget_seconds or bool(self.cfg.max_steps and st.step >= self.cfg.max_steps)
 
     def export(self, folder: Path) -> tuple[dict[str, torch.Tensor], str | None]:
         """The final policy (collective: every rank gathers the weights). Rank 0 writes it to `folder`

@@ -51,3 +51,54 @@ def test_no_allowance_exits_with_the_preempted_code():
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == PREEMPTED_EXIT_CODE, proc.stderr
+
+
+def test_usr2_near_the_time_limit_tells_the_payload_and_requeues_nothing(monkeypatch):
+    """Judged from the allocation's start (GGPO_ALLOC_START), not the payload's: a job whose setup took
+    most of its allocation is near its limit however briefly its payload has run."""
+    import os
+    import signal
+    import time
+
+    from ggpo_batch.allocation import ALLOC_START_ENV
+
+    class Payload:
+        told = 0
+
+        def __call__(self) -> str:
+            os.kill(os.getpid(), signal.SIGUSR2)  # delivered before the next bytecode
+            return "done"
+
+        def time_limit_signal(self) -> None:
+            Payload.told += 1
+
+    preempted = []
+    previous = signal.signal(signal.SIGUSR2, lambda *a: preempted.append(a))  # stands for submitit's handler
+    try:
+        monkeypatch.setenv(ALLOC_START_ENV, str(time.time() - 560))  # 560 s of 600: near
+        assert Requeueable(Payload(), time_limit_s=600, signal_delay_s=30)() == "done"
+        assert Payload.told == 1 and preempted == []
+        monkeypatch.setenv(ALLOC_START_ENV, str(time.time()))
+        assert Requeueable(Payload(), time_limit_s=600, signal_delay_s=30)() == "done"
+        assert Payload.told == 1 and len(preempted) == 1  # early in the allocation: a preemption, submitit's
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+
+
+def test_a_job_that_stopped_at_its_time_limit_exits_76_and_reads_as_timeout():
+    from ggpo_batch.allocation import TIME_LIMIT_EXIT_CODE
+    from ggpo_batch.executor.base import JobAccount, JobInfo
+    from ggpo_batch.executor.slurm import _own_exit_states
+
+    code = textwrap.dedent("""
+        from ggpo_batch.executor.slurm import Requeueable
+        from ggpo_batch.train.job import TimeLimitReached
+        def stop(): raise TimeLimitReached("checkpointed at step 3")
+        Requeueable(stop)()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == TIME_LIMIT_EXIT_CODE == 76, proc.stderr
+    ends = [JobInfo("1", "FAILED", exit_code="76:0"), JobInfo("1", "FAILED", exit_code=f"{PREEMPTED_EXIT_CODE}:0"),
+            JobInfo("1", "FAILED", exit_code="1:0"), JobInfo("1", "COMPLETED", exit_code="0:0")]
+    read = [_own_exit_states(JobAccount(latest=e, segments=(e,))).latest.state for e in ends]
+    assert read == ["TIMEOUT", "PREEMPTED", "FAILED", "COMPLETED"]

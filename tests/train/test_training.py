@@ -10,6 +10,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
 from ggpo_batch.run_record import check_run_record, entry_key
+from ggpo_batch.train.checkpoint import META_NAME
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.job import Preempted, policy_dir
 from ggpo_batch.train.launch import train_local
@@ -122,7 +123,7 @@ def test_sigusr1_checkpoints_and_a_rerun_resumes(tmp_path, spec_for):
     preempt_after_step(log0, 3, within_s=120)
     with pytest.raises(Preempted):
         train_local(spec_for("paired", budget=120.0), out, nproc=2, timeout=300)
-    assert (Path(str(out) + ".ckpt") / "loop_rank0.pt").is_file()
+    assert (Path(str(out) + ".ckpt") / META_NAME).is_file()  # a complete checkpoint (train/checkpoint.py)
     rec = train_local(spec_for("paired", budget=1.0), out, nproc=2, timeout=300)
     details = json.loads(Path(str(out) + ".details.json").read_text())
     assert details["resumed"] is True

@@ -1,0 +1,179 @@
+"""Resume is exact: a run stopped after its third step and run again equals the uninterrupted run to
+1e-6 in every step's loss, gradient norm and groups, with the same counts and the same final policy;
+a resume on another world size is refused; and each piece of state the checkpoint carries is needed
+(dropping any one of them, through the save's `omit` test seam, makes the resume differ).
+
+What a checkpoint need not carry, and so no test plants its omission: the curriculum and the sampling
+seeds are pure functions of (seed, step, rank) (`test_the_curriculum_is_a_pure_function_of_seed_and_step`;
+the sampler's seed is computed from the same three in `Trainer._rollouts`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("deepspeed")
+
+from ggpo_batch.allocation import details_of
+from ggpo_batch.errors import GgpoError
+from ggpo_batch.train.checkpoint import META_NAME, PARTS
+from ggpo_batch.train.job import Preempted
+from ggpo_batch.train.launch import train_local
+from tests.support.twins import assert_same_run, step_differences
+from tests.support.waiting import preempt_after_step
+from tests.train.conftest import make_spec
+from tests.train.hf.conftest import one_rank  # noqa: F401 (a fixture: one gloo rank in this process)
+
+pytestmark = [pytest.mark.train, pytest.mark.slow]
+
+def run_pair(tmp_path: Path, spec: Any, *, nproc: int = 2, after_step: int = 3,
+             wrong_world: int | None = None) -> tuple[dict, dict, dict, dict]:
+    """(twin record, twin details, resumed record, resumed details): the twin runs uninterrupted; the
+    other is preempted (SIGUSR1) after `after_step` and run again (first on `wrong_world` ranks, which
+    must be refused, when given)."""
+    twin_out = tmp_path / "twin" / "record.json"
+    twin = train_local(spec, twin_out, nproc=nproc, timeout=600)
+    out = tmp_path / "resumed" / "record.json"
+    out.parent.mkdir(parents=True)
+    preempt_after_step(Path(f"{out}.rank0.log"), after_step, within_s=300)
+    with pytest.raises(Preempted):
+        train_local(spec, out, nproc=nproc, timeout=600)
+    meta = json.loads((Path(f"{out}.ckpt") / META_NAME).read_text())
+    assert meta["step"] >= after_step and meta["world_size"] == nproc and meta["parts"] == list(PARTS)
+    if wrong_world is not None:
+        with pytest.raises(GgpoError) as refused:
+            train_local(spec, out, nproc=wrong_world, timeout=600)
+        line = str(refused.value)
+        assert "\n" not in line and f"written by {nproc} ranks" in line and f"this job has {wrong_world} rank" in line
+        assert json.loads((Path(f"{out}.ckpt") / META_NAME).read_text()) == meta  # the checkpoint untouched
+    resumed = train_local(spec, out, nproc=nproc, timeout=600)
+    return (twin, json.loads(details_of(twin_out).read_text()), resumed, json.loads(details_of(out).read_text()))
+
+
+def test_a_preempted_two_rank_run_resumes_exactly_and_refuses_another_world_size(tmp_path: Path) -> None:
+    """torch rollouts, ZeRO-2, 2 gloo ranks; about 70 s."""
+    spec = make_spec("paired_answer", budget=600.0, max_steps=6, reference_refresh_steps=2)
+    twin, td, resumed, rd = run_pair(tmp_path, spec, wrong_world=1)
+    assert_same_run(twin, td, resumed, rd, steps=6)
+    # The record bills both allocations; each one's share is in the details (the ledger books them apart).
+    first, second = rd["allocations"]
+    assert (first["from_step"], second["to_step"]) == (0, 6) and first["to_step"] == second["from_step"] >= 3
+    assert resumed["timing"]["elapsed_seconds"] == pytest.approx(first["elapsed_seconds"] + second["elapsed_seconds"])
+    assert rd["allocation_elapsed_seconds"] == second["elapsed_seconds"]
+    assert resumed["budget"]["loop_seconds"] == pytest.approx(first["loop_seconds"] + second["loop_seconds"])
+
+
+# -- each part of the checkpoint is needed: the trainer in this process, one rank ------------------
+
+
+def _trainer(spec: Any) -> Any:
+    import torch
+
+    from ggpo_batch.train.config import TrainConfig
+    from ggpo_batch.train.trainer import Trainer
+
+    return Trainer(spec, TrainConfig.from_table(spec.train, "<test>"), rank=0, world=1, device=torch.device("cpu"),
+                   budget_seconds=spec.loop_budget_seconds)
+
+
+def _snapshot(trainer: Any) -> dict[str, Any]:
+    st = trainer.state
+    return {"history": [dict(h) for h in st.history], "totals": trainer.totals(),
+            "templates": trainer.template_totals(), "exposed": sorted(st.exposed_items), "aux_seen": sorted(st.aux_seen),
+            "evidence_steps": [e.step for e in trainer.evidence], "loop_seconds": st.loop_seconds}
+
+
+def differences(twin: dict[str, Any], resumed: dict[str, Any], loop_at_save: float,
+                loop_at_load: float) -> dict[str, list[str]]:
+    """What differs between a resumed trainer and its twin, by the check that finds it."""
+    found = {
+        "step figures": step_differences(twin["history"], resumed["history"]),
+        "record counters": [f"{k}: {twin['totals'][k]} vs {resumed['totals'][k]}" for k in twin["totals"]
+                            if twin["totals"][k] != resumed["totals"][k]],
+        "exposure": [k for k in ("templates", "exposed", "aux_seen") if twin[k] != resumed[k]],
+        "audit evidence": [] if resumed["evidence_steps"] == twin["evidence_steps"] else [str(resumed["evidence_steps"])],
+        # the loop budget spans the resume: the loop seconds go on from where they were saved
+        "loop seconds": [] if loop_at_load == loop_at_save and all(
+            a["loop_seconds"] < b["loop_seconds"] for a, b in zip(resumed["history"], resumed["history"][1:]))
+        else [f"saved {loop_at_save}, resumed with {loop_at_load}"],
+    }
+    found["history"] = [] if [h["step"] for h in resumed["history"]] == list(range(len(twin["history"]))) else \
+        [str([h["step"] for h in resumed["history"]])]
+    return {k: v for k, v in found.items() if v}
+
+
+# The check that must catch each omission.
+CAUGHT_BY = {"optimizer": "step figures", "reference": "step figures", "counters": "record counters",
+             "exposure": "exposure", "loop_seconds": "loop seconds", "history": "history",
+             "audit_evidence": "audit evidence"}
+
+
+@pytest.fixture
+def one_thread():  # type: ignore[no-untyped-def]
+    """Torch on one thread in this process, as a job's ranks are (OMP_NUM_THREADS=1): on a loaded
+    machine its default two threads made these steps ten times slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_every_part_of_the_checkpoint_is_needed_for_an_exact_resume(tmp_path: Path, one_rank: None,  # noqa: F811
+                                                                    one_thread: None) -> None:
+    """One trainer runs 6 steps; another runs 3, saves a checkpoint whole and once without each part;
+    a fresh trainer resumes from each and runs the other 3. The whole checkpoint resumes to the twin;
+    each omission is caught (by the check CAUGHT_BY names). About 20 s."""
+    assert set(CAUGHT_BY) == set(PARTS)
+    spec = make_spec("paired_answer", budget=600.0, reference_refresh_steps=2, kl_coef=0.2, lr=0.01)
+    twin = _trainer(spec)
+    for _ in range(6):
+        twin.step()
+    expected = _snapshot(twin)
+    twin.close()
+    stopped = _trainer(spec)
+    for _ in range(3):
+        stopped.step()
+    loop_at_save = stopped.state.loop_seconds
+    for omit in ("", *PARTS):
+        stopped.save(tmp_path / (omit or "whole"), omit=(omit,) if omit else ())
+    stopped.close()
+    seen = {}
+    for omit in ("", *PARTS):
+        resumed = _trainer(spec)
+        assert resumed.load(tmp_path / (omit or "whole")) is not None
+        loop_at_load = resumed.state.loop_seconds
+        for _ in range(3):
+            resumed.step()
+        seen[omit] = differences(expected, _snapshot(resumed), loop_at_save, loop_at_load)
+        resumed.close()
+    assert seen[""] == {}, seen[""]
+    for part in PARTS:
+        assert CAUGHT_BY[part] in seen[part], (part, seen[part])
+    print("\n" + "\n".join(f"omit {p}: caught by {', '.join(sorted(seen[p]))}" for p in PARTS))
+
+
+def test_the_curriculum_is_a_pure_function_of_seed_and_step() -> None:
+    """Why a checkpoint carries no curriculum or sampler state: asked in any order, by any rank,
+    two curricula of one seed give every step the same groups (and another seed other ones)."""
+    from ggpo_batch.train.config import TrainConfig
+    from ggpo_batch.train.curriculum import Curriculum
+    from ggpo_batch.train.task import load
+    from tests.support.arms import ARMS
+
+    cfg = TrainConfig()
+    data = load(cfg)
+
+    def groups(seed: int, steps: list[int]) -> dict[int, list]:
+        c = Curriculum(ARMS["random_answer"], data, group_size=cfg.group_size, prompts_per_step=cfg.prompts_per_step,
+                       exposures_per_step=cfg.exposures_per_step, seed=seed)
+        return {s: [[(i.item_id, t) for i, t in g.parts] for g in c.step_groups(s)] for s in steps}
+
+    forward, backward = groups(7, list(range(8))), groups(7, list(reversed(range(8))))
+    assert forward == backward
+    assert groups(8, list(range(8))) != forward
