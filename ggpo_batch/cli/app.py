@@ -90,12 +90,14 @@ def _one_line(exc: click.UsageError) -> UsageLine:
 # only when that command runs (or `--help` lists them all), so `status` does not import what `train`
 # or `dashboard` need. tests/test_cli.py checks this map against what the modules register.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "config": ("config_cmds",),  # reads no ledger
     "dashboard": ("dashboard_cmds",),
     "db": ("ledger_cmds",), "status": ("ledger_cmds",),
     "init": ("init_cmds",),
     "ledger": ("ledger_cmds", "report_cmds"),  # `ledger export` is report_cmds'
     "logs": ("logs_cmds",),
     "nightly": ("nightly_cmds",),
+    "notifications": ("notify_cmds",),
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
     "reconcile": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
