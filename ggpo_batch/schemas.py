@@ -73,7 +73,8 @@ SCHEMAS: dict[str, Schema] = {
                             "sink's deliveries by state and last error, the notifications not delivered everywhere."),
     "notification": Schema(1, "the body of a webhook POST (ggpo_batch/notify/senders.py)", "One notification: "
                            "Slack's `text`, its kind, idempotency key (also the Idempotency-Key header), time and "
-                           "structured fields.", ("fields",)),
+                           "structured fields (`fields`: what its kind says, e.g. `run_key`, `reason`; keyed by "
+                           "name).", ("fields", "fields.*")),
 }
 
 

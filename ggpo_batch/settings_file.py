@@ -115,7 +115,7 @@ def _overlay(values: dict[str, str], sources: dict[str, tuple[Path, str] | None]
 
 
 def read_file(path: Path, known: frozenset[str]) -> dict[str, tuple[str, str]]:
-    """A settings file as {GGPO_NAME: (key, value as text)}; refused (ConfigError naming the file
+    """A settings file as {GGPO_NAME: (dotted key, value as text)}; refused (ConfigError naming the file
     and the key) if it is not TOML, or has a key that is not in `known` or holds a secret, or a
     value that is not a setting's."""
     from . import limits
@@ -131,7 +131,7 @@ def read_file(path: Path, known: frozenset[str]) -> dict[str, tuple[str, str]]:
         raise ConfigError(f"{path}: not valid TOML ({exc})") from None
     out: dict[str, tuple[str, str]] = {}
     for key, value in _flatten(path, data, ()):
-        name = PREFIX + key.upper()
+        name = PREFIX + key.replace(".", "_").upper()
         if name not in known:
             raise ConfigError(f"{path}: unknown key {key!r} (it would set {name}, which no setting reads; "
                               f"`ggpo-batch config` lists the keys)")
@@ -149,7 +149,7 @@ def _flatten(path: Path, table: Mapping[str, Any], where: tuple[str, ...]) -> It
         if isinstance(value, dict):
             yield from _flatten(path, value, (*where, key))
         else:
-            yield "_".join((*where, key)), value
+            yield dotted, value
 
 
 def _text(path: Path, key: str, value: Any) -> str:

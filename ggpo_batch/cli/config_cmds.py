@@ -49,6 +49,8 @@ def config_command(app: App, as_json: bool) -> None:
 def _text(value: object) -> str:
     if value is None:
         return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, list):
         return ",".join(map(str, value)) or "-"
     return str(value)

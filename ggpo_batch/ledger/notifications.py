@@ -74,7 +74,7 @@ class NotificationRecords(LedgerCore):
         told = exists().where(n.experiment_id == e.id, n.kind == EXPERIMENT_FINISHED)
         last = select(func.max(r.updated_at)).where(r.experiment_id == e.id).scalar_subquery()
         q = (select(e.id, e.name, e.version, last.label("finished_at"))
-             .where(e.source != "import", ended, ~unfinished, ~told).order_by(e.id).limit(limit))
+             .where(~told, e.source != "import", ended, ~unfinished).order_by(e.id).limit(limit))
         with self.reading() as conn:
             return [Finished(*row) for row in conn.execute(q)]
 

@@ -50,6 +50,11 @@ def _finished(ledger: Ledger, settings: Settings, now: datetime) -> int:
     new = 0
     old = now - timedelta(seconds=settings.notify.give_up_seconds)
     for f in ledger.finished_unannounced(MAX_FINISHED_PER_PASS):
+        if f.finished_at is not None and f.finished_at < old:  # history: recorded as told, no report read
+            new += ledger.record_notices([kinds.experiment_finished(
+                name=f.name, version=f.version, experiment_id=f.experiment_id, states={}, spent_gpu_hours=0.0,
+                headline=f"{f.name} v{f.version} finished before notifications were sent")], due=False)
+            continue
         report = experiment_report(ledger, f.name, version=f.version)
         states: dict[str, int] = {}
         for arm in report["arms"].values():
@@ -58,7 +63,7 @@ def _finished(ledger: Ledger, settings: Settings, now: datetime) -> int:
         notice = kinds.experiment_finished(name=f.name, version=f.version, experiment_id=f.experiment_id,
                                            headline=headline(report), states=states,
                                            spent_gpu_hours=report["totals"]["spent_gpu_hours"])
-        new += ledger.record_notices([notice], due=f.finished_at is None or f.finished_at >= old)
+        new += ledger.record_notices([notice])
     return new
 
 
