@@ -26,7 +26,14 @@ from ggpo_batch.notify.delivery import backoff
 from ggpo_batch.notify.observe import NIGHT_GRACE, nightly, observe
 from ggpo_batch.reconcile import reconcile_now
 from tests.support.paths import SEED_003
-from tests.support.receivers import BlackHole, HttpReceiver, Received, SmtpReceiver, free_port, stopping
+from tests.support.receivers import (
+    BlackHole,
+    HttpReceiver,
+    Received,
+    SmtpReceiver,
+    free_port,
+    stopping,
+)
 
 TIMEOUT = 0.5  # seconds a delivery waits for a sink (GGPO_NOTIFY_TIMEOUT_SECONDS)
 

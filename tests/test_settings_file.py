@@ -79,13 +79,13 @@ BAD = [
     ('queue_gpu_quota = "many"\n', "queue_gpu_quota='many': must be an integer"),
     ('hung_after_seconds = -1\n', "hung_after_seconds='-1': must be >= 0"),
     ('[notify]\nsmtp_port = 70000\n', "notify.smtp_port='70000': must be between 1 and 65535"),
-    ('[notify]\nwebhook_events = ["run_failed", "run_exploded"]\n', "notify.webhook_events='run_failed,run_exploded': "
-                                                                     "unknown event(s) run_exploded"),
+    ('[notify]\nwebhook_events = ["run_failed", "run_exploded"]\n',
+     "notify.webhook_events='run_failed,run_exploded': unknown event(s) run_exploded"),
     ('db_url = "postgresql://ggpo:hunter22@db.example.org/ledger"\n',
-     "db_url: a secret is not kept in a settings file; put it in a file only you can read (chmod 600) and name "
-     "that file with db_url_file"),
-    ('dashboard_token = "0123456789abcdef0123"\n', "dashboard_token: a secret is not kept in a settings file; set "
-                                                   "GGPO_DASHBOARD_TOKEN in the environment instead"),
+     ("db_url: a secret is not kept in a settings file; put it in a file only you can read (chmod 600) and name "
+      "that file with db_url_file")),
+    ('dashboard_token = "0123456789abcdef0123"\n',
+     "dashboard_token: a secret is not kept in a settings file; set GGPO_DASHBOARD_TOKEN in the environment instead"),
     ('[notify]\nwebhook_urls = ["https://hooks.slack.com/services/T0/B0/XXXX"]\n',
      "notify.webhook_urls: a secret is not kept in a settings file; put it in a file"),
     ('queue = \n', "not valid TOML"),

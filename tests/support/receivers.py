@@ -46,7 +46,7 @@ class HttpReceiver:
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
                 received.add(self.headers.get("Idempotency-Key", ""), json.loads(body))
                 time.sleep(outer.delay)
@@ -76,7 +76,7 @@ class SmtpReceiver:
         from aiosmtpd.controller import Controller
 
         class Handler:
-            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:  # noqa: N802 (aiosmtpd's name)
+            async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
                 msg = email.message_from_bytes(envelope.content)
                 key = (msg["Message-ID"] or "").strip("<>").removesuffix("@ggpo-batch")
                 received.add(key, {"subject": msg["Subject"], "to": envelope.rcpt_tos, "body": msg.get_payload()})

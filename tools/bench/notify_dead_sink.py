@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from ggpo_batch.config import load_settings  # noqa: E402
-from ggpo_batch.ledger import NewRun, connect, upgrade  # noqa: E402
-from ggpo_batch.ledger.db import make_engine  # noqa: E402
-from ggpo_batch.notify.cycle import notify_cycle  # noqa: E402
-from tests.support.receivers import BlackHole, HttpReceiver, Received, free_port  # noqa: E402
+from ggpo_batch.config import load_settings
+from ggpo_batch.ledger import NewRun, connect, upgrade
+from ggpo_batch.ledger.db import make_engine
+from ggpo_batch.notify.cycle import notify_cycle
+from tests.support.receivers import BlackHole, HttpReceiver, Received, free_port
 
 TIMEOUT = "1.0"
 
