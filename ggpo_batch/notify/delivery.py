@@ -55,6 +55,8 @@ def deliver_due(ledger: Ledger, targets: NotifyTargets, *, now: datetime | None 
     started = time.monotonic()
     now = now or utcnow()
     down = dict(ledger.sinks_down_until([s.name for s in sinks], now))
+    if len(down) == len(sinks):
+        return rep  # every sink in back-off: nothing can be sent before the first of them ends
     lease = timedelta(seconds=targets.timeout_seconds * (len(sinks) + 1) + 60)
     for n, deliveries in ledger.due_notifications(now, targets.max_per_pass):
         if time.monotonic() - started > PASS_BUDGET_TIMEOUTS * targets.timeout_seconds:
