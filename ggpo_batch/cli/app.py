@@ -298,7 +298,8 @@ def cli(ctx: click.Context, verbose: int) -> None:
     Configuration (environment): GGPO_DB_URL (default: SQLite in the user data dir),
     GGPO_REDIS_URL (default redis://127.0.0.1:6379/0; memory:// runs jobs inline),
     GGPO_DATA_DIR, GGPO_QUEUE, GGPO_QUEUE_GPU_QUOTA. Secrets may come from
-    GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600).
+    GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600). The same settings may sit in
+    ~/.config/ggpo-batch/config.toml or /etc/ggpo-batch/config.toml (`ggpo-batch config`).
     """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
