@@ -127,7 +127,7 @@ def test_a_transition_writes_its_notification_in_its_own_transaction(ledger) -> 
     assert failed.fields["reason"] == "exit code 1" and failed.fields["actor"] == "w"
     assert failed.key.startswith(failed.dedupe_key + ".") and len(failed.key) > len(failed.dedupe_key) + 8
     decision = next(n for n in outbox if n.kind == kinds.COST_DECISION)
-    assert "big: not reproduced (high cost) by carol, 5000.0 GPU-h estimated (cap 100.0)" in decision.subject
+    assert "big: not_reproduced_high_cost by carol, 5000.0 GPU-h estimated (cap 100.0)" in decision.subject
 
     # The outbox insert is part of the transition: when it cannot be written, the run does not move.
     [key] = _experiment(ledger, "atomic", range(1, 2))
@@ -291,3 +291,17 @@ def test_a_dead_sink_costs_a_pass_one_timeout_and_a_transition_nothing(  # type:
         assert len(web_hole.accepted) == 2 and took < TIMEOUT + 2.0, took
     assert backoff(1, 60).total_seconds() == 60 and backoff(3, 60).total_seconds() == 240
     assert backoff(20, 60).total_seconds() == 3600
+
+
+def test_the_finished_headline_is_the_reports_main_figures(ledger) -> None:  # type: ignore[no-untyped-def]
+    """Runs by state, GPU-hours, and the three best arms' reward minus the baseline's (paired by
+    seed, 95 % interval), as the report computes them; a warning counted."""
+    from ggpo_batch.reporting.headline import headline
+    from ggpo_batch.reporting.report import experiment_report
+    from tests.test_report_outcomes import build
+
+    build(ledger, "four", fail=("paired", 2))
+    assert headline(experiment_report(ledger, "four")) == (
+        "four v1 finished: 15 runs (14 succeeded, 1 failed), 0.283 GPU-h; eval_reward vs clean: "
+        "paired_answer +0.217 [+0.165, +0.268], random_answer +0.130 [+0.000, +0.260], paired +0.120 [-0.007, +0.247]; "
+        "1 comparability warning(s) in its report")

@@ -72,12 +72,11 @@ def run_moved(*, run_key: str, arm: str, seed: int, experiment_id: int | None, t
 
 def decided(*, decision_id: int, experiment_name: str, experiment_id: int | None, kind: str, actor: str,
             estimated_gpu_hours: float | None, cap_gpu_hours: float | None, reason: str | None) -> Notice:
-    """The notice of a cost decision."""
-    what = {"not_reproduced_high_cost": "not reproduced (high cost)", "cost_accepted": "cost accepted"}.get(kind, kind)
+    """The notice of a cost decision (`kind`: costguard's KIND_NOT_REPRODUCED or KIND_COST_ACCEPTED)."""
     cost = "" if estimated_gpu_hours is None else f", {estimated_gpu_hours:.1f} GPU-h estimated" + (
         f" (cap {cap_gpu_hours:.1f})" if cap_gpu_hours is not None else "")
     return Notice(_key("decision", decision_id), COST_DECISION,
-                  _line(f"{experiment_name}: {what} by {actor}{cost}" + (f": {reason}" if reason else "")),
+                  _line(f"{experiment_name}: {kind} by {actor}{cost}" + (f": {reason}" if reason else "")),
                   {"experiment": experiment_name, "decision": kind, "decided_by": actor,
                    "estimated_gpu_hours": estimated_gpu_hours, "cap_gpu_hours": cap_gpu_hours, "reason": reason},
                   experiment_id)

@@ -8,9 +8,10 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
+from ..outcome import OUTCOME_METRICS
 from .render import ci
 
-MAIN_METRIC = "eval_reward"
+MAIN_METRIC = OUTCOME_METRICS[0]  # reward on every held-out item
 MAX_ARMS = 3
 
 
