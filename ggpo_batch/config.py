@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .datafiles import APP_NAME
 from .errors import ConfigError
 from .heartbeat import HUNG_AFTER_SECONDS
 from .notify.targets import NotifyTargets, notify_targets
 
-APP_NAME = "ggpo-batch"
 MEMORY_REDIS = "memory://"  # embedded quick start: fakeredis, jobs run inline in the caller
 
 
@@ -149,7 +149,15 @@ def environment(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
         return env
     from .settings_file import layered_environment
 
-    return layered_environment(os.environ)
+    return layered_environment(os.environ, setting_names)
+
+
+def setting_names() -> frozenset[str]:
+    """Every GGPO_ name a setting reads (what a settings file may set): those this module's readers
+    ask an empty environment for, so a setting added here is known to the files at once."""
+    from .settings_file import names_asked
+
+    return names_asked((load_settings, dashboard_token))
 
 
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
@@ -190,8 +198,15 @@ def _settings_from(env: Mapping[str, str]) -> Settings:
         fault_pause=_fault_pause(env.get("GGPO_FAULT_PAUSE", "")),
         hung_after_seconds=_hung_after(env),
         mlflow_uri=mlflow_uri(env),
-        notify=notify_targets(env),
+        notify=_notify(env),
     )
+
+
+def _notify(env: Mapping[str, str]) -> NotifyTargets:
+    targets = notify_targets(env, private_file_text)
+    if targets.smtp_password:
+        remember_secret(targets.smtp_password)
+    return targets
 
 
 # The environment a training job reads too (the allocation inherits the worker's environment).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import date, time
@@ -82,8 +82,10 @@ class LayeredEnvironment(Mapping[str, str]):
         return self._sources.get(name)
 
 
-def layered_environment(env: Mapping[str, str], *, site_dir: Path | None = None) -> LayeredEnvironment:
-    """`env` over the settings files it names (see the module's docstring); bad files: ConfigError."""
+def layered_environment(env: Mapping[str, str], known_names: Callable[[], frozenset[str]], *,
+                        site_dir: Path | None = None) -> LayeredEnvironment:
+    """`env` over the settings files it names (see the module's docstring), each key checked against
+    `known_names()` (`config.setting_names`); bad files: ConfigError."""
     files = search_files(env, site_dir)
     named = files[0] if files and files[0].role == CONFIG_ENV else None
     if named is not None and not named.found:
@@ -229,13 +231,10 @@ class _Asked(Mapping[str, str]):
         return 0
 
 
-def known_names() -> frozenset[str]:
-    """Every GGPO_ name a setting reads: what `config.load_settings` and the other readers of
-    config.py ask an empty environment for (so a setting added there is known here at once)."""
-    from . import config
-
+def names_asked(readers: Iterable[Callable[[Mapping[str, str]], Any]]) -> frozenset[str]:
+    """Every GGPO_ name the `readers` (config's) ask an empty environment for."""
     asked = _Asked()
-    for reader in (config.load_settings, config.dashboard_token):
+    for reader in readers:
         with suppress(GgpoError):
             reader(asked)
     return frozenset(n for n in asked.names if n.startswith(PREFIX) and n != CONFIG_ENV)

@@ -15,14 +15,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .config import environment, load_settings, redact
-from .settings_file import (
-    PREFIX,
-    LayeredEnvironment,
-    environment_source,
-    is_secret,
-    known_names,
-)
+from .config import environment, load_settings, redact, setting_names
+from .settings_file import PREFIX, LayeredEnvironment, environment_source, is_secret
 
 MASK = "***"
 
@@ -35,7 +29,7 @@ def effective_settings(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
     files = getattr(layered, "files", [])
     rows = [_row(name, key, value, layered, env) for name, key, value in _fields(settings, ())]
     shown = {r["name"] for r in rows}
-    for name in sorted(known_names() - shown):
+    for name in sorted(setting_names() - shown):
         if name.endswith("_FILE") and name.removesuffix("_FILE") in shown:
             continue  # shown as its setting's source
         raw = layered.get(name)
@@ -46,7 +40,7 @@ def effective_settings(env: Mapping[str, str] = os.environ) -> dict[str, Any]:
 def _layered(env: Mapping[str, str]) -> Mapping[str, str]:
     from .settings_file import layered_environment
 
-    return layered_environment(env)
+    return layered_environment(env, setting_names)
 
 
 def _fields(obj: Any, where: tuple[str, ...]) -> Iterator[tuple[str, str, Any]]:

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from ggpo_batch import config
 from ggpo_batch.cli import cli
-from ggpo_batch.config import Settings, load_settings
-from ggpo_batch.settings_file import known_names, layered_environment
+from ggpo_batch.config import Settings, load_settings, setting_names
+from ggpo_batch.settings_file import layered_environment
 from ggpo_batch.settings_view import effective_settings
 
 
@@ -55,21 +55,22 @@ def test_the_environment_beats_the_user_file_which_beats_the_sites(clean_env: di
     _write(user_dir / "secret" / "db", f"sqlite:///{tmp_path / 'from-secret.sqlite3'}\n", 0o600)
     _write(user_dir / "config.toml", 'queue = "user-q"\ndb_url_file = "secret/db"\n[notify]\nsmtp_port = 2525\n')
     env = {**os.environ, "GGPO_QUEUE_GPU_QUOTA": "5", "GGPO_DEFER_SECONDS": ""}
-    s = load_settings(layered_environment(env, site_dir=site))
+    s = load_settings(layered_environment(env, setting_names, site_dir=site))
     assert (s.queue, s.queue_gpu_quota, s.defer_seconds, s.user_gpu_hours_cap) == ("user-q", 5, 7, 10.5)
     assert s.db_url == f"sqlite:///{tmp_path / 'from-secret.sqlite3'}"  # the path relative to the user file
     n = s.notify
     assert (n.smtp_host, n.smtp_port, n.smtp_starttls, n.email_to) == ("mail.site", 2525, True,
                                                                          ("ops@example.org", "ml@example.org"))
     # A secret and its _FILE twin are one setting: the environment's GGPO_DB_URL beats the file's db_url_file.
-    s = load_settings(layered_environment({**env, "GGPO_DB_URL": "sqlite:///env.sqlite3"}, site_dir=site))
+    s = load_settings(layered_environment({**env, "GGPO_DB_URL": "sqlite:///env.sqlite3"}, setting_names,
+                                          site_dir=site))
     assert s.db_url == "sqlite:///env.sqlite3"
     # With no environment given, load_settings reads the user's file itself (XDG_CONFIG_HOME), as every command does.
     assert load_settings().queue == "user-q"
     assert _cli("db", "upgrade")[0] == 0 and (tmp_path / "from-secret.sqlite3").exists()
     # GGPO_CONFIG names the one file read: neither the user's nor the site's.
     only = _write(tmp_path / "team.toml", 'queue = "team-q"\n')
-    s = load_settings(layered_environment({**env, "GGPO_CONFIG": str(only)}, site_dir=site))
+    s = load_settings(layered_environment({**env, "GGPO_CONFIG": str(only)}, setting_names, site_dir=site))
     assert (s.queue, s.defer_seconds, s.notify.smtp_host) == ("team-q", 30, None)
 
 
@@ -164,7 +165,7 @@ def _fields(cls: type, prefix: str = "GGPO_") -> set[str]:
 def test_every_setting_is_known_to_the_settings_file() -> None:
     """Each GGPO_ name config.py reads, and each Settings field, is a key a settings file may hold
     (and `ggpo-batch config` finds its source): a setting added under another name fails here."""
-    known = known_names()
+    known = setting_names()
     named = set(re.findall(r'"(GGPO_[A-Z0-9_]+)"', Path(config.__file__).read_text())) - {"GGPO_CONFIG"}
     assert named and named <= known, named - known
     assert {"GGPO_NOTIFY_SMTP_HOST", "GGPO_NOTIFY_SMTP_PASSWORD_FILE", "GGPO_DB_URL_FILE"} <= known
@@ -179,9 +180,9 @@ def test_a_planted_setting_the_file_cannot_know_is_caught(monkeypatch: pytest.Mo
     class Planted(Settings):
         gpus_per_role: int = 0  # read (say) from GGPO_ROLE_GPUS: not its name
 
-    assert _fields(Planted) - known_names() == {"GGPO_GPUS_PER_ROLE"}
+    assert _fields(Planted) - setting_names() == {"GGPO_GPUS_PER_ROLE"}
     monkeypatch.setattr(config, "dashboard_token", lambda env=None: None)
-    assert "GGPO_DASHBOARD_TOKEN" not in known_names()
+    assert "GGPO_DASHBOARD_TOKEN" not in setting_names()
 
 
 def test_effective_settings_of_a_given_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

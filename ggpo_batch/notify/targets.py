@@ -14,7 +14,7 @@ doubling up to an hour, until `give_up_seconds` after the event; a reconcile pas
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -68,18 +68,15 @@ def _digest(*parts: object) -> str:
     return hashlib.sha256("\n".join(map(str, parts)).encode()).hexdigest()[:8]
 
 
-def notify_targets(env: Mapping[str, str]) -> NotifyTargets:
-    """The notification settings of `env` (no sink set: notifications are recorded, not sent). Every
-    name is read, whatever is set, so a settings file knows them all (`settings_file.known_names`)."""
-    from ..config import private_file_text, remember_secret
-
+def notify_targets(env: Mapping[str, str], read_private: Callable[[str, str], str]) -> NotifyTargets:
+    """The notification settings of `env` (no sink set: notifications are recorded, not sent);
+    `read_private(SETTING, path)` reads a 0600 secrets file (`config.private_file_text`). Every name
+    is read, whatever is set, so a settings file knows them all (`config.setting_names`)."""
     raw = {name: env.get(_P + name.upper(), "").strip() for name in NotifyTargets.__dataclass_fields__}
     files = {name: env.get(f"{_P}{name.upper()}_FILE", "").strip() for name in ("webhook_urls", "smtp_password")}
     for name, path in files.items():
         if path and not raw[name]:
-            raw[name] = private_file_text(f"{_P}{name.upper()}_FILE", path)
-    if raw["smtp_password"]:
-        remember_secret(raw["smtp_password"])
+            raw[name] = read_private(f"{_P}{name.upper()}_FILE", path)
     t = NotifyTargets(
         webhook_urls=_urls(raw["webhook_urls"]),  # never shown: a sink is named by its host and a digest
         webhook_events=_events("webhook_events", raw["webhook_events"]),
