@@ -15,10 +15,11 @@ import tempfile
 import time
 
 from ggpo_batch.config import load_settings
-from ggpo_batch.ledger import NewRun, connect, upgrade
+from ggpo_batch.ledger import connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.notify.cycle import notify_cycle
 from tests.support.receivers import BlackHole, HttpReceiver, Received, free_port
+from tools.bench.heartbeat_copy import running_runs
 
 TIMEOUT = "1.0"
 
@@ -28,15 +29,7 @@ def ledger_with_runs(db_url: str, name: str, n: int):  # type: ignore[no-untyped
     upgrade(engine)
     engine.dispose()
     led = connect(db_url)
-    keys = [f"{name}-v1-{i}-clean" for i in range(n)]
-    led.create_experiment(name=name, version=1, method="ggpo", source="spec", spec_hash=name, spec={}, gpus=4,
-                          actor="b", runs=[NewRun(run_key=k, arm="clean", seed=i, config_hash="c", run_spec={})
-                                           for i, k in enumerate(keys)])
-    for k in keys:
-        led.begin_attempt(k, executor="local", gpus=4, actor="b", worker="b")
-        led.mark_submitted(k, 1, job_id=f"job-{k}", actor="b")
-        led.mark_running(k, 1, actor="b")
-    return led, keys
+    return led, running_runs(led, name, n)
 
 
 def ends(led, keys, state: str) -> float:  # type: ignore[no-untyped-def]
