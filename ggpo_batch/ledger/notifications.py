@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, exists, func, insert, select, update
+from sqlalchemy import Connection, bindparam, exists, func, insert, select, update
 
 from ..notify.kinds import EXPERIMENT_FINISHED, Notice
 from ..states import RECORD_RUN_STATES, UNFINISHED_RUN_STATES
@@ -20,6 +20,26 @@ from .heartbeats import HUNG_SINCE
 from .schema import Attempt, Experiment, Notification, NotificationDelivery, Run
 
 _N, _D = Notification.__table__, NotificationDelivery.__table__
+
+
+def _queries() -> tuple[Any, Any]:
+    """Reconcile's two looks at every pass, built once per process (building them costs more than
+    running them on a small ledger)."""
+    r, a, e, n = Run.__table__.c, Attempt.__table__.c, Experiment.__table__.c, _N.c
+    hung = (select(r.run_key, r.experiment_id, a.id.label("attempt_id"), a.number, a.job_id, a.heartbeat_step,
+                   HUNG_SINCE.label("since"))
+            .join_from(Attempt.__table__, Run.__table__, r.id == a.run_id)
+            .where(r.state == "running", a.state == "running", HUNG_SINCE < bindparam("cutoff")).order_by(a.id))
+    unfinished = exists().where(r.experiment_id == e.id, r.state.in_(sorted(UNFINISHED_RUN_STATES)))
+    ended = exists().where(r.experiment_id == e.id, r.state.in_(sorted(RECORD_RUN_STATES)))
+    told = exists().where(n.experiment_id == e.id, n.kind == EXPERIMENT_FINISHED)
+    last = select(func.max(r.updated_at)).where(r.experiment_id == e.id).scalar_subquery()
+    finished = (select(e.id, e.name, e.version, last.label("finished_at"))
+                .where(~told, e.source != "import", ended, ~unfinished).order_by(e.id).limit(bindparam("limit")))
+    return hung, finished
+
+
+_HUNG, _FINISHED = _queries()
 
 
 @dataclass(frozen=True)
@@ -57,26 +77,14 @@ class NotificationRecords(LedgerCore):
 
     def hung_attempts(self, cutoff: datetime) -> list[dict[str, Any]]:
         """Running attempts (of running runs) with no sign of life since `cutoff`."""
-        r, a = Run.__table__.c, Attempt.__table__.c
-        q = (select(r.run_key, r.experiment_id, a.id.label("attempt_id"), a.number, a.job_id, a.heartbeat_step,
-                    HUNG_SINCE.label("since"))
-             .join_from(Attempt.__table__, Run.__table__, r.id == a.run_id)
-             .where(r.state == "running", a.state == "running", HUNG_SINCE < cutoff).order_by(a.id))
         with self.reading() as conn:
-            return [dict(row._mapping) for row in conn.execute(q)]
+            return [dict(row._mapping) for row in conn.execute(_HUNG, {"cutoff": cutoff})]
 
     def finished_unannounced(self, limit: int = 20) -> list[Finished]:
         """Experiment versions (not imported) with a run that ended and none left queued, submitted
         or running, that have no experiment_finished notification yet."""
-        r, e, n = Run.__table__.c, Experiment.__table__.c, _N.c
-        unfinished = exists().where(r.experiment_id == e.id, r.state.in_(sorted(UNFINISHED_RUN_STATES)))
-        ended = exists().where(r.experiment_id == e.id, r.state.in_(sorted(RECORD_RUN_STATES)))
-        told = exists().where(n.experiment_id == e.id, n.kind == EXPERIMENT_FINISHED)
-        last = select(func.max(r.updated_at)).where(r.experiment_id == e.id).scalar_subquery()
-        q = (select(e.id, e.name, e.version, last.label("finished_at"))
-             .where(~told, e.source != "import", ended, ~unfinished).order_by(e.id).limit(limit))
         with self.reading() as conn:
-            return [Finished(*row) for row in conn.execute(q)]
+            return [Finished(*row) for row in conn.execute(_FINISHED, {"limit": limit})]
 
     def due_notifications(self, now: datetime, limit: int) -> list[tuple[Notification, dict[str, NotificationDelivery]]]:
         """Notifications whose next delivery is due, oldest first, each with its deliveries by sink."""
