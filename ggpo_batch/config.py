@@ -2,6 +2,8 @@
 
 Secrets (database and Redis URLs with passwords) come from the environment or from a file with
 0600 permissions (`GGPO_DB_URL_FILE`, `GGPO_REDIS_URL_FILE`); `redact()` keeps them out of output.
+The settings files (`settings_file.py`: ~/.config/ggpo-batch/config.toml, /etc/ggpo-batch/config.toml
+or GGPO_CONFIG) hold the same settings under the environment: `environment()` layers them.
 """
 
 from __future__ import annotations
@@ -11,13 +13,14 @@ import logging
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from .datafiles import APP_NAME
 from .errors import ConfigError
 from .heartbeat import HUNG_AFTER_SECONDS
+from .notify.targets import NotifyTargets, notify_targets
 
-APP_NAME = "ggpo-batch"
 MEMORY_REDIS = "memory://"  # embedded quick start: fakeredis, jobs run inline in the caller
 
 
@@ -32,28 +35,34 @@ def _data_dir(env: Mapping[str, str]) -> Path:
 def _secret(env: Mapping[str, str], name: str) -> str | None:
     """`NAME` from env, else the contents of the file named by `NAME_FILE`, which must be 0600 and
     a regular file (a FIFO would block, a device never end)."""
-    from . import limits
-
     if env.get(name):
         return _url(name, env[name].strip())
     path = env.get(f"{name}_FILE")
     if not path:
         return None
+    return _url(name, private_file_text(f"{name}_FILE", path))
+
+
+def private_file_text(setting: str, path: str) -> str:
+    """The text (stripped) of the secrets file `path` named by `setting`: a regular file with 0600
+    permissions, small, UTF-8."""
+    from . import limits
+
     p = Path(path).expanduser()
     try:
         st = p.stat()
     except OSError as exc:
-        raise ConfigError(f"{name}_FILE={path}: cannot read ({exc.strerror})") from None
+        raise ConfigError(f"{setting}={path}: cannot read ({exc.strerror})") from None
     if stat.S_IMODE(st.st_mode) & 0o077:
-        raise ConfigError(f"{name}_FILE={path}: permissions {stat.S_IMODE(st.st_mode):04o}; must be 0600 (chmod 600)")
+        raise ConfigError(f"{setting}={path}: permissions {stat.S_IMODE(st.st_mode):04o}; must be 0600 (chmod 600)")
     try:
         raw = limits.read_input_file(p, max_bytes=limits.SECRET_FILE_MAX_BYTES, what="secrets file")
     except limits.InputRefused as exc:
-        raise ConfigError(f"{name}_FILE={path}: {exc.problem}") from None
+        raise ConfigError(f"{setting}={path}: {exc.problem}") from None
     try:
-        return _url(name, raw.decode("utf-8").strip())
+        return raw.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise ConfigError(f"{name}_FILE={path}: is not UTF-8 text") from None
+        raise ConfigError(f"{setting}={path}: is not UTF-8 text") from None
 
 
 def _url(name: str, url: str) -> str:
@@ -117,6 +126,8 @@ class Settings:
     hung_after_seconds: float = HUNG_AFTER_SECONDS
     # MLflow tracking store (ggpo_batch/tracking.py), e.g. sqlite:///path/mlflow.db; None: no tracking.
     mlflow_uri: str | None = None
+    # Where notifications go (GGPO_NOTIFY_*, ggpo_batch/notify/targets.py); no sink: recorded, not sent.
+    notify: NotifyTargets = field(default_factory=NotifyTargets)
 
     @property
     def jobs_dir(self) -> Path:
@@ -132,9 +143,34 @@ class Settings:
         return experiment_queue or self.queue
 
 
+def environment(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """What the settings are read from: `env` as given, else os.environ over the settings files."""
+    if env is not None:
+        return env
+    from .settings_file import layered_environment
+
+    return layered_environment(os.environ, setting_names)
+
+
+def setting_names() -> frozenset[str]:
+    """Every GGPO_ name a setting reads (what a settings file may set): those this module's readers
+    ask an empty environment for, so a setting added here is known to the files at once."""
+    from .settings_file import names_asked
+
+    return names_asked((load_settings, dashboard_token))
+
+
 def load_settings(env: Mapping[str, str] | None = None) -> Settings:
-    """Settings from `env` (default: os.environ)."""
-    env = os.environ if env is None else env
+    """Settings from `env` (default: os.environ over the settings files); a bad value read from a
+    settings file is named by that file and key."""
+    from .settings_file import attributed
+
+    env = environment(env)
+    with attributed(env):
+        return _settings_from(env)
+
+
+def _settings_from(env: Mapping[str, str]) -> Settings:
     data_dir = _data_dir(env)
     db_url = _secret(env, "GGPO_DB_URL") or f"sqlite:///{data_dir / 'ledger.sqlite3'}"
     redis_url = _secret(env, "GGPO_REDIS_URL") or "redis://127.0.0.1:6379/0"
@@ -162,7 +198,15 @@ def load_settings(env: Mapping[str, str] | None = None) -> Settings:
         fault_pause=_fault_pause(env.get("GGPO_FAULT_PAUSE", "")),
         hung_after_seconds=_hung_after(env),
         mlflow_uri=mlflow_uri(env),
+        notify=_notify(env),
     )
+
+
+def _notify(env: Mapping[str, str]) -> NotifyTargets:
+    targets = notify_targets(env, private_file_text)
+    if targets.smtp_password:
+        remember_secret(targets.smtp_password)
+    return targets
 
 
 # The environment a training job reads too (the allocation inherits the worker's environment).
@@ -171,8 +215,8 @@ HUNG_AFTER_ENV = "GGPO_HUNG_AFTER_SECONDS"
 
 
 def mlflow_uri(env: Mapping[str, str] | None = None) -> str | None:
-    """The MLflow tracking URI from `env` (default: os.environ), or None: tracking off."""
-    env = os.environ if env is None else env
+    """The MLflow tracking URI from `env` (default: `environment()`), or None: tracking off."""
+    env = environment(env)
     uri = env.get(MLFLOW_URI_ENV, "").strip() or None
     if uri:
         _remember_password(uri)  # a database store's password never reaches output
@@ -194,11 +238,11 @@ DASHBOARD_TOKEN_MIN_LENGTH = 16
 
 
 def dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
-    """The dashboard's token from `env` (default: os.environ), or None if unset; remembered like a
+    """The dashboard's token from `env` (default: `environment()`), or None if unset; remembered like a
     password, so `redact` hides it wherever it would appear."""
     import re
 
-    env = os.environ if env is None else env
+    env = environment(env)
     token = env.get(DASHBOARD_TOKEN_ENV, "").strip()
     if not token:
         return None
@@ -246,6 +290,12 @@ def _login() -> str:
 # `redact` wherever they appear, even outside a URL. Shorter ones would blank out ordinary words.
 _PASSWORDS: set[str] = set()
 _MIN_REMEMBERED = 4
+
+
+def remember_secret(value: str) -> None:
+    """Hide `value` (a password, a token) wherever `redact` sees it from now on."""
+    if len(value) >= _MIN_REMEMBERED:
+        _PASSWORDS.add(value)
 
 
 def _remember_password(url: str) -> None:

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from .config import APP_NAME
 from .errors import SpecError
 
+APP_NAME = "ggpo-batch"  # the name of its folders: user data and config (platformdirs), the site's /etc
 PACKAGE_DIR = Path(__file__).resolve().parent
 MIGRATIONS_DIR = PACKAGE_DIR / "migrations"
 PACKAGED_DIR = PACKAGE_DIR / "data"

@@ -2,7 +2,8 @@
 
 One cycle asks each executor about all its active attempts in ONE call (for Slurm: one sacct),
 books the ones that ended, settles attempts whose worker died while submitting (found by name:
-submitted; not found: lost), and re-queues runs the ledger has as queued but Redis has lost.
+submitted; not found: lost), re-queues runs the ledger has as queued but Redis has lost, and ends
+with the notifications (ggpo_batch/notify/cycle.py): what it observed, and the outbox delivered.
 Idempotent: a second cycle with nothing new changes nothing.
 """
 
@@ -31,6 +32,7 @@ from .joblogs import job_folder
 from .ledger import Ledger, connect
 from .ledger.heartbeats import heartbeat_time
 from .ledger.schema import Attempt, Run, utcnow
+from .notify.cycle import notify_cycle
 from .queue import RunQueue
 from .runspec import RunSpec
 from .settlement import over_allowance, retries_used, settle
@@ -126,6 +128,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
 
     rep.requeued = _requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
+    notify_cycle(ledger, settings)  # what it observed, and the outbox's deliveries: bounded, never raises
     return rep
 
 

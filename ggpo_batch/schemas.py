@@ -68,6 +68,15 @@ SCHEMAS: dict[str, Schema] = {
                  "what was freed, the live runs left alone."),
     "dashboard_run": Schema(2, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
                             "heartbeats and log tails, its events."),
+    "config": Schema(1, "ggpo-batch config --json", "Every setting as the commands use it (secrets masked) and "
+                     "where it came from: the environment, a settings file, or the default; the settings files "
+                     "looked at."),
+    "notifications": Schema(1, "ggpo-batch notifications --json", "The outbox: pending and given-up counts, each "
+                            "sink's deliveries by state and last error, the notifications not delivered everywhere."),
+    "notification": Schema(1, "the body of a webhook POST (ggpo_batch/notify/senders.py)", "One notification: "
+                           "Slack's `text`, its kind, idempotency key (also the Idempotency-Key header), time and "
+                           "structured fields (`fields`: what its kind says, e.g. `run_key`, `reason`; keyed by "
+                           "name).", ("fields", "fields.*")),
 }
 
 

@@ -98,7 +98,9 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     add("cancel", _cli("cancel", cancelled, "--json"))
     add("logs", _cli("logs", running, "--json"))
     add("nightly", _cli("nightly", "--night", "2026-12-02", "--json"))  # claimed already: nothing run
-    add("reconcile", _cli("reconcile", "--json"))
+    add("reconcile", _cli("reconcile", "--json"))  # it also records the experiments that finished
+    add("config", _cli("config", "--json"))
+    _notifications(env, monkeypatch, add)
     add("gc", _cli("gc", "--older-than", "0d", "--dry-run", "--json"))
     for args in ([], ["--runs", "--limit", "0"], ["-s", "failed"]):
         add("status", _cli("status", "--json", *args))
@@ -120,6 +122,30 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     finally:
         dash.stop()
     return docs
+
+
+def _notifications(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, add: Any) -> None:
+    """The outbox after one delivery pass to a webhook that refuses connections, as `notifications`
+    shows it, and each notification as a webhook would get it."""
+    from ggpo_batch.config import load_settings
+    from ggpo_batch.ledger import connect
+    from ggpo_batch.notify.delivery import deliver_due
+    from ggpo_batch.notify.senders import payload
+    from tests.support.receivers import free_port
+
+    monkeypatch.setenv("GGPO_NOTIFY_WEBHOOK_URLS", f"http://127.0.0.1:{free_port()}/hook")
+    monkeypatch.setenv("GGPO_NOTIFY_TIMEOUT_SECONDS", "0.5")
+    led = connect(env["GGPO_DB_URL"])
+    try:
+        deliver_due(led, load_settings().notify)
+        outbox = [n for n, _ in led.notifications(undelivered=False)]
+        assert {n.kind for n in outbox} >= {"run_failed", "cost_decision"}, outbox
+        for n in outbox:
+            add("notification", json.dumps(payload(n), default=str))
+    finally:
+        led.engine.dispose()
+    add("notifications", _cli("notifications", "--json"))
+    add("notifications", _cli("notifications", "--all", "--json"))
 
 
 def _first_line_has_schema(text: str, kind: str) -> bool:

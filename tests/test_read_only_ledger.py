@@ -45,7 +45,7 @@ READERS = [
     ["status", "--components", "--json"],
     ["report", "done-exp"], ["report", "done-exp", "--json"],
     ["ledger", "export", "--format", "csv"], ["ledger", "export", "--format", "json"],
-    ["logs", LIVE_KEY], ["logs", LIVE_KEY, "--json"],
+    ["logs", LIVE_KEY], ["logs", LIVE_KEY, "--json"], ["notifications"], ["notifications", "--json"],
     ["db", "current", "--json"],
     ["enqueue", "{spec}", "--dry-run"], ["enqueue", "{spec}", "--dry-run", "--json"],
 ]
@@ -407,8 +407,8 @@ def test_the_reading_commands_named_in_refusals_are_those_that_open_the_ledger_r
     for name in COMMAND_MODULES:
         walk(cli.get_command(ctx, name), name)
     assert marked | {"enqueue --dry-run"} == set(READING_COMMANDS.split(", "))
-    # every command is run in each case (the dashboard: its routes); train and init touch no ledger
-    assert {c[0] for c in READERS + WRITERS} | {"dashboard", "train", "init"} == set(COMMAND_MODULES)
+    # every command is run in each case (the dashboard: its routes); train, init and config touch no ledger
+    assert {c[0] for c in READERS + WRITERS} | {"dashboard", "train", "init", "config"} == set(COMMAND_MODULES)
 
 
 # -- what a reading engine may do, on both backends -----------------------------------------------

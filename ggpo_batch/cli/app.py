@@ -90,12 +90,14 @@ def _one_line(exc: click.UsageError) -> UsageLine:
 # only when that command runs (or `--help` lists them all), so `status` does not import what `train`
 # or `dashboard` need. tests/test_cli.py checks this map against what the modules register.
 COMMAND_MODULES: dict[str, tuple[str, ...]] = {
+    "config": ("config_cmds",),  # reads no ledger
     "dashboard": ("dashboard_cmds",),
     "db": ("ledger_cmds",), "status": ("ledger_cmds",),
     "init": ("init_cmds",),
     "ledger": ("ledger_cmds", "report_cmds"),  # `ledger export` is report_cmds'
     "logs": ("logs_cmds",),
     "nightly": ("nightly_cmds",),
+    "notifications": ("notify_cmds",),
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
     "reconcile": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
@@ -297,7 +299,8 @@ def cli(ctx: click.Context, verbose: int) -> None:
     Configuration (environment): GGPO_DB_URL (default: SQLite in the user data dir),
     GGPO_REDIS_URL (default redis://127.0.0.1:6379/0; memory:// runs jobs inline),
     GGPO_DATA_DIR, GGPO_QUEUE, GGPO_QUEUE_GPU_QUOTA. Secrets may come from
-    GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600).
+    GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600). The same settings may sit in
+    ~/.config/ggpo-batch/config.toml or /etc/ggpo-batch/config.toml (`ggpo-batch config`).
     """
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)

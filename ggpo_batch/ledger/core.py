@@ -19,10 +19,12 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from ..errors import LedgerError, Unavailable
-from .events import check_move, event_row
+from .events import check_move, event_row, notice_of, notification_row
 from .schema import (
     Attempt,
+    Decision,
     Event,
+    Notification,
     Run,
     utcnow,
 )
@@ -182,9 +184,15 @@ class LedgerCore:
     @staticmethod
     def _event(s: Session, *, entity: str, to_state: str, actor: str, from_state: str | None = None,
                reason: str | None = None, experiment_id: int | None = None, run: Run | None = None,
-               attempt: Attempt | None = None) -> None:
+               attempt: Attempt | None = None, decision: Decision | None = None) -> None:
+        """Append an event, and the notification it makes (if any), to this transaction."""
+        attempt_id = attempt.id if attempt else None
         s.add(Event(**event_row(entity=entity, to_state=to_state, actor=actor, from_state=from_state, reason=reason,
-                                experiment_id=experiment_id, run=run, attempt_id=attempt.id if attempt else None)))
+                                experiment_id=experiment_id, run=run, attempt_id=attempt_id)))
+        notice = notice_of(entity=entity, to_state=to_state, actor=actor, reason=reason, run=run,
+                           attempt_id=attempt_id, decision=decision)
+        if notice is not None:
+            s.add(Notification(**notification_row(notice)))
 
     @staticmethod
     def _locked_run(s: Session, run_key: str) -> Run:

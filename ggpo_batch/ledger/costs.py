@@ -33,7 +33,7 @@ class CostRecords(LedgerCore):
             s.add(d)
             s.flush()
             self._event(s, entity="decision", to_state=kind, actor=actor, reason=fields.get("reason"),
-                        experiment_id=experiment_id)
+                        experiment_id=experiment_id, decision=d)
             return d
 
     def decisions(self, experiment_name: str | None = None) -> list[Decision]:
@@ -125,6 +125,7 @@ class CostRecords(LedgerCore):
                          **dict(fields))
             s.add(d)
             s.flush()
-            self._event(s, entity="decision", to_state=kind, actor=actor, reason=why, experiment_id=experiment_id)
+            self._event(s, entity="decision", to_state=kind, actor=actor, reason=why, experiment_id=experiment_id,
+                        decision=d)
             log.info("decision %s on %s by %s; runs moved: %d", kind, experiment_name, actor, len(moved))
             return d, moved

@@ -1,7 +1,7 @@
 """Reading a ledger one may not write, and refusing a write before it starts.
 
-A reading command (`status`, `report`, `ledger export`, `logs`, `dashboard`, `db current`, `enqueue
---dry-run`) opens the ledger so that it writes nothing at all: on PostgreSQL every transaction
+A reading command (`status`, `report`, `ledger export`, `logs`, `notifications`, `dashboard`, `db
+current`, `enqueue --dry-run`) opens the ledger so that it writes nothing at all: on PostgreSQL every transaction
 begins READ ONLY; on SQLite no journal mode is set, transactions begin DEFERRED, `query_only` is
 on, and the file is opened as what lies beside it allows (`plan_sqlite_read`; SQLite 3.40):
 
@@ -55,7 +55,8 @@ from ..errors import NotPermitted
 log = logging.getLogger(__name__)
 
 # What a reader of a ledger it may not write can still run (named in the refusals).
-READING_COMMANDS = "status, report, ledger export, logs, dashboard, db current, enqueue --dry-run"
+READING_COMMANDS = ("status, report, ledger export, logs, notifications, dashboard, db current, "
+                    "enqueue --dry-run")
 
 Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
 

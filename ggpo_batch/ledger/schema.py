@@ -28,6 +28,8 @@ from sqlalchemy.types import TypeDecorator
 
 from ..limits import ARM_NAME_MAX, NAME_COLUMN_LENGTH, NAME_MAX, RUN_KEY_MAX, USER_MAX, WORKER_NAME_MAX
 
+NOTICE_KEY_LENGTH = 255  # a notification's keys (ggpo_batch/notify/kinds.py keeps them shorter)
+
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
@@ -221,3 +223,41 @@ class ComponentRun(Base):
     record: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     error: Mapped[str | None] = mapped_column(Text)
     actor: Mapped[str] = mapped_column(String(USER_MAX))
+
+
+class Notification(Base):
+    """The outbox (migration 0008): one row per event to tell people about, written in the
+    transaction of the transition it reports, or by reconcile for what it observes; `dedupe_key`
+    unique, so each event is recorded once. Reconcile delivers it (ggpo_batch/notify/delivery.py)."""
+
+    __tablename__ = "notifications"
+    __table_args__ = (UniqueConstraint("dedupe_key", name="uq_notifications_dedupe_key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    dedupe_key: Mapped[str] = mapped_column(String(NOTICE_KEY_LENGTH))
+    # What receivers get as Idempotency-Key / Message-ID: the dedupe key and a random part.
+    key: Mapped[str] = mapped_column(String(NOTICE_KEY_LENGTH))
+    kind: Mapped[str] = mapped_column(String(32))
+    subject: Mapped[str] = mapped_column(Text)
+    fields: Mapped[dict[str, Any]] = mapped_column(JSON)
+    experiment_id: Mapped[int | None] = mapped_column(Integer, index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When a delivery is next due; NULL: nothing left to do (delivered everywhere, or given up).
+    next_try_at: Mapped[datetime | None] = mapped_column(index=True)
+
+
+class NotificationDelivery(Base):
+    """One notification's delivery to one sink (a webhook, an e-mail relay): tries and outcome."""
+
+    __tablename__ = "notification_deliveries"
+    __table_args__ = (UniqueConstraint("notification_id", "sink", name="uq_delivery_notification_sink"),
+                      Index("ix_deliveries_sink_state", "sink", "state"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    notification_id: Mapped[int] = mapped_column(ForeignKey("notifications.id", ondelete="CASCADE"))
+    sink: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))  # retrying | delivered | failed
+    tries: Mapped[int] = mapped_column(Integer, default=0)
+    next_try_at: Mapped[datetime | None] = mapped_column()
+    last_error: Mapped[str | None] = mapped_column(Text)
+    delivered_at: Mapped[datetime | None] = mapped_column()

@@ -30,15 +30,21 @@ def setup(root: Path, n: int):  # type: ignore[no-untyped-def]
     upgrade(engine)
     engine.dispose()
     led = connect(settings.db_url)
-    keys = [f"hb-v1-{i}-clean" for i in range(n)]
-    led.create_experiment(name="hb", version=1, method="ggpo", source="spec", spec_hash="h", spec={}, gpus=4,
+    running_runs(led, "hb", n)
+    return settings, led
+
+
+def running_runs(led, name: str, n: int) -> list[str]:  # type: ignore[no-untyped-def]
+    """An experiment `name` of `n` runs, each with a running attempt (a local job); their keys."""
+    keys = [f"{name}-v1-{i}-clean" for i in range(n)]
+    led.create_experiment(name=name, version=1, method="ggpo", source="spec", spec_hash=name, spec={}, gpus=4,
                           actor="b", runs=[NewRun(run_key=k, arm="clean", seed=i, config_hash="c", run_spec={})
                                            for i, k in enumerate(keys)])
     for k in keys:
         led.begin_attempt(k, executor="local", gpus=4, actor="b", worker="b")
         led.mark_submitted(k, 1, job_id=f"job-{k}", actor="b")
         led.mark_running(k, 1, actor="b")
-    return settings, led
+    return keys
 
 
 def beat_all(settings, pairs, step: int) -> None:  # type: ignore[no-untyped-def]
