@@ -278,7 +278,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
                         "runs on this one machine)")
     max_gh = e.get("max_gpu_hours")
     if max_gh is not None:
-        max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, 1e7, open_lo=True)
+        max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, limits.GPU_HOURS_MAX, open_lo=True)
     retries = _int(p, "experiment.retries", e.get("retries", 0), 0, MAX_RETRIES)
     queue = e.get("queue")
     if queue is not None:
