@@ -177,11 +177,28 @@ def _data(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> _Data | Non
         if overlap:
             report.add("train.data.eval", f"{len(overlap)} id(s) are also in train.data.train ({overlap[0]!r}, ...): "
                        f"held-out items must be held out")
+    if "passages" in found:
+        _support(found.get("train", ()) + found.get("eval", ()), found["passages"], report)
     if "eval" not in found:
         return None
     report.facts.update(train_items=len(found.get("train", ())), eval_items=len(found["eval"]),
                         passages=len(found.get("passages", ())))
     return _Data(found.get("train", ()), found["eval"], f"train.data.eval ({cfg.data.eval})")
+
+
+def _support(items: tuple[Item, ...], passages: Any, report: Report) -> None:
+    """Support titles the passages file does not hold: counted and warned (some questions may be
+    unsupported on purpose); refused when none of them is there (the passages of other items)."""
+    from .train.task import support_coverage
+
+    cov = support_coverage(items, passages)
+    if cov.items_with_titles and not cov.titles_found:
+        report.add("train.data.passages", f"holds none of the support titles its {cov.items_with_titles} items "
+                   f"name: are these the passages of train.data.train and train.data.eval?")
+    elif cov.items_missing:
+        report.facts["support_titles_missing"] = {"items": cov.items_missing, "of": cov.items_with_titles,
+                                                  "share": round(cov.share_missing, 4)}
+        log.warning("preflight: train.data.passages: %s", cov.message())
 
 
 def _arms(cfg: TrainConfig, arms: list[ArmSpec], data: _Data, report: Report) -> None:
