@@ -59,3 +59,9 @@ class CostCapExceeded(GgpoError):
     """A spec's estimated GPU-hours are over a cap; nothing was queued."""
 
     exit_code = 3
+
+
+class NotPermitted(GgpoError):
+    """The system does not permit this (a file this user may not read): exit 6."""
+
+    exit_code = 6

@@ -51,7 +51,8 @@ SCHEMAS: dict[str, Schema] = {
                         "put back on the queue."),
     "decide": Schema(1, "ggpo-batch decide NAME --not-reproduced --json", "The decision recorded and the queued "
                      "runs it marked not_reproduced."),
-    "logs": Schema(1, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes), no content."),
+    "logs": Schema(2, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes, and why one is "
+                   "not shown: `problem`), no content."),
     "nightly": Schema(1, "ggpo-batch nightly --json", "Each method's night: whether it ran, its artifact and "
                       "record, or who had already claimed it."),
     "db_current": Schema(1, "ggpo-batch db current --json", "The ledger's schema revision and the one this code "
@@ -64,8 +65,8 @@ SCHEMAS: dict[str, Schema] = {
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
                                     *(f"report.{p}" for p in _REPORT_MAPS))),
-    "dashboard_run": Schema(1, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
-                            "heartbeats and log tails, its events."),
+    "dashboard_run": Schema(2, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats and log tails (or why a log is not shown: `problem`), its events."),
 }
 
 

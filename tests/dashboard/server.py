@@ -50,12 +50,12 @@ def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, str]:
 class Dashboard:
     """`ggpo-batch dashboard --port P` on 127.0.0.1 until stopped; its output in `log`."""
 
-    def __init__(self, env: dict[str, str], log: Path, *args: str) -> None:
+    def __init__(self, env: dict[str, str], log: Path, *args: str, prefix: tuple[str, ...] = ()) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self._out = open(log, "wb")  # noqa: SIM115  (closed in stop())
-        self.proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "dashboard", "--port", str(self.port),
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-m", "ggpo_batch.cli", "dashboard", "--port", str(self.port),
                                       *args], env=env, cwd=REPO, stdout=self._out, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         wait_until(self._answers, 60, f"the dashboard answering on {self.url}", interval=0.3)
