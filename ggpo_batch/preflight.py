@@ -242,6 +242,11 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
     except hf.CheckpointError as exc:
         report.add(where, exc.message, absent=exc.absent)
         return None
+    untrusted = hf.check_folder(folder)  # before any library reads it (links out, FIFOs, bad JSON, headers)
+    for problem in untrusted:
+        report.add(where, problem)
+    if untrusted:
+        return None
     try:
         config = hf.load_config(folder)
     except Exception as exc:  # noqa: BLE001  (transformers raises OSError, ValueError, KeyError...)
@@ -252,7 +257,12 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
         report.add(where, f"{folder}: model_type {getattr(config, 'model_type', None)!r} is not a causal LM that "
                    f"AutoModelForCausalLM loads")
         ok = False
-    files = hf.weight_files(folder)
+    try:
+        files = hf.weight_files(folder)
+        eos = hf.eos_ids(folder)
+    except hf.CheckpointError as exc:  # changed since it was checked
+        report.add(where, exc.message)
+        return None
     missing = [f.name for f in files if not f.is_file()]
     if not files or missing:
         report.add(where, f"{folder}: no safetensors weights" + (f" ({', '.join(missing[:3])} absent)" if missing else ""))
@@ -265,7 +275,6 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
     if not getattr(tokenizer, "chat_template", None):
         report.add(where, f"{folder}: the tokenizer has no chat template (prompts are built with it)")
         ok = False
-    eos = hf.eos_ids(folder)
     if tokenizer.eos_token_id is None and not eos:
         report.add(where, f"{folder}: neither the tokenizer nor generation_config.json names an EOS token")
         ok = False
@@ -281,7 +290,11 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
         return None
     from .train.codec import HfCodec
 
-    params = hf.safetensors_parameters(files)
+    try:
+        params = hf.safetensors_parameters(files)
+    except hf.CheckpointError as exc:
+        report.add(where, exc.message)
+        return None
     text = getattr(config, "text_config", None) or config
     info = {"codec": HfCodec(tokenizer, max_model_len=cfg.model.max_model_len, eos_ids=eos),
             "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
