@@ -123,6 +123,11 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
 # -- the allocation ---------------------------------------------------------------------------------
 
 
+def allocation(spec: ExperimentSpec, profiles_dir: Path | None = None) -> tuple[int, float | None]:
+    """(training ranks, bytes of one GPU or None) of the spec's executor and profile; problems are `check`'s."""
+    return _allocation(spec, Report(spec.path), profiles_dir)
+
+
 def _allocation(spec: ExperimentSpec, report: Report, profiles_dir: Path | None) -> tuple[int, float | None]:
     """(training ranks, bytes of one GPU or None when unknown or no GPU) for the spec's executor."""
     if spec.executor == "debug":

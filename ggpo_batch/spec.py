@@ -75,6 +75,9 @@ class ExperimentSpec:
     overheads: Overheads = field(default_factory=Overheads)
     train: Mapping[str, Any] = field(default_factory=dict)
     nodes: int = 1
+    # What was taken from the model, not the file (spec_defaults.py): "train.model.max_model_len = ...
+    # (why)". Not part of the spec's identity: the values themselves are in `train`.
+    defaults: tuple[str, ...] = ()
 
     @property
     def allocated_gpus(self) -> int:
@@ -85,6 +88,7 @@ class ExperimentSpec:
         """Everything that defines the experiment (not where the file lives)."""
         d = asdict(self)
         d.pop("path")
+        d.pop("defaults")
         if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
             d.pop("nodes")
         d["arms"] = [asdict(a) for a in self.arms]
@@ -301,10 +305,12 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     problem = limits.json_problem(train)  # stored as JSON in the ledger: finite, bounded, plain
     if problem:
         raise SpecError(p, "train", problem)
-    return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
-                          loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
-                          retries=retries, queue=queue, description=description, overheads=overheads,
-                          train=json.loads(json.dumps(train)), nodes=nodes)
+    from .spec_defaults import apply
+
+    return apply(ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
+                                loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
+                                retries=retries, queue=queue, description=description, overheads=overheads,
+                                train=json.loads(json.dumps(train)), nodes=nodes))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
