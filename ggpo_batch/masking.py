@@ -10,6 +10,7 @@ passes through here the same way:
   progress) become `MaskedText` streams, which mask each write; `masked_file` does the same for the
   files a command writes (`report -o`, `ledger export -o`). A write is masked whole, so callers
   write whole lines (`joblogs.LineCuts` cuts a log at its line ends).
+- `mask_logging()`: the records a training job logs (it has no command around it).
 - `scrub(data)`: structured data masked before it is laid out, where the layout could cut or
   escape a secret first (a table cell cut at 60 characters, Markdown or HTML escaping): the CLI's
   tables, reports and JSON documents, and every page and API body of the dashboard.
@@ -18,6 +19,7 @@ passes through here the same way:
 from __future__ import annotations
 
 import io
+import logging
 import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -76,6 +78,26 @@ class MaskedText(io.TextIOBase):
             self.flush()
         except (OSError, ValueError):  # already closed by its owner
             pass
+
+
+class _MaskedRecords(logging.Filter):
+    """A log record's message, masked (its arguments merged in first)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        masked = redact(message)
+        if masked != message:
+            record.msg, record.args = masked, None
+        return True
+
+
+def mask_logging() -> None:
+    """Mask every record the root logger's handlers write (a training job's log: its own warnings
+    and those of the libraries it calls, which may quote a URI)."""
+    remember_secrets()
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, _MaskedRecords) for f in handler.filters):
+            handler.addFilter(_MaskedRecords())
 
 
 def masked_file(fh: TextIO) -> MaskedText:
