@@ -8,6 +8,7 @@ SQLite and on PostgreSQL."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -121,22 +123,34 @@ def test_an_unreadable_log_is_named_in_one_line_plain_and_followed(led, env) -> 
     assert _errors(res.stderr) == [f"error: {err}: cannot be read (Permission denied)"]
     assert "readable line" in res.stdout and "hidden line" not in res.stdout
     led.mark_running(KEY, 1, actor="t")
-    follower = subprocess.Popen(unprivileged([sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f"]), cwd=REPO,
-                                env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
+    with _following(unprivileged([sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f"])) as follower:
         time.sleep(3)
         with open(out, "a") as fh:
             fh.write("written while followed\n")
         time.sleep(2)
-        led.mark_finished(KEY, 1, attempt_state="succeeded", run_state="succeeded", actor="t")
-        stdout, stderr = follower.communicate(timeout=60)
+        stdout, stderr = _ended(led, follower)
+    assert follower.returncode == 6, stderr
+    assert _errors(stderr) == [f"error: {err}: cannot be read (Permission denied)"]  # once, not every poll
+    assert "written while followed" in stdout and "hidden line" not in stdout
+
+
+@contextlib.contextmanager
+def _following(cmd: list[str]) -> Iterator[subprocess.Popen[str]]:
+    """`logs -f` in a process of its own (killed if the test ends first)."""
+    follower = subprocess.Popen(cmd, cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        yield follower
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
-    assert follower.returncode == 6, stderr
-    assert _errors(stderr) == [f"error: {err}: cannot be read (Permission denied)"]  # once, not every poll
-    assert "written while followed" in stdout and "hidden line" not in stdout
+
+
+def _ended(led, follower: subprocess.Popen[str]) -> tuple[str, str]:  # type: ignore[no-untyped-def]
+    """The attempt's end booked: what the follower printed until it ended by itself."""
+    led.mark_finished(KEY, 1, attempt_state="succeeded", run_state="succeeded", actor="t")
+    return follower.communicate(timeout=60)
 
 
 def _progress_bar(path: Path, size: int) -> bytes:
@@ -172,11 +186,8 @@ def test_a_log_deleted_while_followed_is_read_to_its_end(led, env) -> None:  # t
     led.mark_running(KEY, 1, actor="t")
     err = _log(env, 0, "stderr")
     err.write_text("")
-    follower = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f", "--rank", "0", "--stream",
-                                 "stderr"],
-                                cwd=REPO, env=dict(os.environ), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-    try:
+    cmd = [sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f", "--rank", "0", "--stream", "stderr"]
+    with _following(cmd) as follower:
         with open(err, "a") as fh:  # the job's own descriptor: it writes on after the file is deleted
             fh.write("before the delete\n")
             fh.flush()
@@ -185,12 +196,7 @@ def test_a_log_deleted_while_followed_is_read_to_its_end(led, env) -> None:  # t
             fh.write("after the delete\n")
             fh.flush()
             time.sleep(3)
-        led.mark_finished(KEY, 1, attempt_state="succeeded", run_state="succeeded", actor="t")
-        stdout, stderr = follower.communicate(timeout=60)
-    finally:
-        if follower.poll() is None:
-            follower.kill()
-            follower.wait()
+        stdout, stderr = _ended(led, follower)
     assert follower.returncode == 0 and not _errors(stderr), stderr
     assert stdout.splitlines() == ["before the delete", "after the delete"]
 

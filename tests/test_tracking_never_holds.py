@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,38 +22,12 @@ from ggpo_batch import tracking
 from ggpo_batch.netutil import free_port
 from ggpo_batch.runspec import RunSpec
 from ggpo_batch.tracking import Tracking, off_path, run_id_path, tracking_state
+from tests.faults.test_hostile_inputs import silent_port  # noqa: F401  (a fixture: a port that never answers)
 from tests.support.arms import ARMS
 from tests.support.paths import REPO
 from tests.support.services import PG_ADMIN_URL
 
 PASSWORD = "Mlflow-pw-5Tq8-secret"
-
-
-@pytest.fixture
-def silent_server() -> Iterator[int]:
-    """A port that accepts connections and never answers."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        server.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(server.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    yield server.getsockname()[1]
-    stop.set()
-    thread.join(5)
-    for conn in held:
-        conn.close()
-    server.close()
 
 
 def _refusing_postgres() -> str:
@@ -65,9 +36,10 @@ def _refusing_postgres() -> str:
     return f"{base}/ggpo_no_such_mlflow_db"
 
 
-def _stores(silent_port: int) -> dict[str, str]:
+def _stores(port: int) -> dict[str, str]:
+    """The unusable stores, the silent one at `port`."""
     return {"closed port": f"http://ggpo:{PASSWORD}@127.0.0.1:{free_port()}",
-            "silent server": f"http://ggpo:{PASSWORD}@127.0.0.1:{silent_port}",
+            "silent server": f"http://ggpo:{PASSWORD}@127.0.0.1:{port}",
             "postgresql refuses": _refusing_postgres()}
 
 
@@ -78,13 +50,13 @@ def _spec() -> RunSpec:
 
 
 @pytest.mark.parametrize("case", ["closed port", "silent server", "postgresql refuses"])
-def test_an_unusable_store_turns_tracking_off_within_its_bound(case: str, silent_server: int, tmp_path: Path,
+def test_an_unusable_store_turns_tracking_off_within_its_bound(case: str, silent_port: int, tmp_path: Path,  # noqa: F811
                                                               caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from ggpo_batch.config import mlflow_uri
 
     monkeypatch.setattr(tracking, "OPEN_WAIT_SECONDS", 3.0)  # the job's bounds are 20 s and 25 s; the path is the same
-    uri = _stores(silent_server)[case]
+    uri = _stores(silent_port)[case]
     assert mlflow_uri({"GGPO_MLFLOW_URI": uri}) == uri  # as the job reads it: its password remembered
     record = tmp_path / "attempt-1" / "record.json"
     caplog.set_level(logging.WARNING)
@@ -175,10 +147,10 @@ def _train(tmp_path: Path, name: str, uri: str | None) -> tuple[float, subproces
 @pytest.mark.train
 @pytest.mark.slow
 def test_train_with_tracking_unreachable_ends_within_a_minute_of_train_without(tmp_path: Path,
-                                                                              silent_server: int) -> None:
+                                                                              silent_port: int) -> None:  # noqa: F811
     off_seconds, done, _ = _train(tmp_path, "off", None)
     assert done.returncode == 0, done.stderr[-3000:]
-    seconds, done, out = _train(tmp_path, "silent", _stores(silent_server)["silent server"])
+    seconds, done, out = _train(tmp_path, "silent", _stores(silent_port)["silent server"])
     assert done.returncode == 0, done.stderr[-3000:]
     assert seconds < off_seconds + 60, (seconds, off_seconds)
     details = json.loads(out.with_name("record.json.details.json").read_text())
