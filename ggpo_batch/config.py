@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import limits
 from .datafiles import APP_NAME
 from .errors import ConfigError
 from .heartbeat import HUNG_AFTER_SECONDS
@@ -68,8 +69,6 @@ def private_file_text(setting: str, path: str) -> str:
 def _url(name: str, url: str) -> str:
     """A service URL from the environment, checked (the message never shows it) and its password
     remembered, so that `redact` hides it wherever it appears."""
-    from . import limits
-
     _remember_password(url)  # even when refused below: a later message might still quote it
     problem = limits.url_problem(url) or limits.text_problem(url, single_line=True)
     if problem:
@@ -77,30 +76,47 @@ def _url(name: str, url: str) -> str:
     return url
 
 
+# The range of every numeric setting (inclusive; the hung threshold must be above 0): a value outside,
+# an infinity, NaN or a number too long to read is refused when the settings are read, with one line.
+# Above these, the code that uses them would overflow a date or a sleep (1e12 s is 31,700 years).
+DAY_SECONDS = 86400
+NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
+    "GGPO_QUEUE_GPU_QUOTA": (0, 1_000_000),  # GPUs
+    "GGPO_DEFER_SECONDS": (0, 7 * DAY_SECONDS),
+    "GGPO_USER_GPU_HOURS_CAP": (0, limits.GPU_HOURS_MAX),
+    "GGPO_QUEUE_GPU_HOURS_CAP": (0, limits.GPU_HOURS_MAX),
+    "GGPO_HUNG_AFTER_SECONDS": (0, 30 * DAY_SECONDS),
+    "GGPO_FAULT_PAUSE": (0, 3600),  # seconds, of each POINT=SECONDS
+}
+
+
+def _number(name: str, raw: str, kind: type, *, above_low: bool = False) -> float:
+    """`raw` as a `kind` (int or float) within NUMBER_BOUNDS[name], else ConfigError naming it."""
+    lo, hi = NUMBER_BOUNDS[name]
+    shown = raw if len(raw) <= 40 else raw[:40] + "..."
+    what = "an integer" if kind is int else "a number"
+    rule = f"{what} {'above' if above_low else 'from'} {lo:,g} {'and at most' if above_low else 'to'} {hi:,.0f}"
+    try:
+        value = kind(raw.strip())  # int() of over 4,300 digits raises ValueError too
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{name}={shown!r}: must be {rule}") from None
+    if not (lo < value <= hi if above_low else lo <= value <= hi):  # NaN fails both
+        raise ConfigError(f"{name}={shown!r}: must be {rule}")
+    return value
+
+
 def _int(env: Mapping[str, str], name: str, default: int) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: must be an integer") from None
-    if value < 0:
-        raise ConfigError(f"{name}={raw!r}: must be >= 0")
-    return value
+    return int(_number(name, raw, int))
 
 
 def _float(env: Mapping[str, str], name: str) -> float | None:
     raw = env.get(name)
     if raw is None or raw == "":
         return None
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(f"{name}={raw!r}: must be a number") from None
-    if not value >= 0:
-        raise ConfigError(f"{name}={raw!r}: must be >= 0")
-    return value
+    return _number(name, raw, float)
 
 
 @dataclass(frozen=True)
@@ -174,8 +190,6 @@ def _settings_from(env: Mapping[str, str]) -> Settings:
     data_dir = _data_dir(env)
     db_url = _secret(env, "GGPO_DB_URL") or f"sqlite:///{data_dir / 'ledger.sqlite3'}"
     redis_url = _secret(env, "GGPO_REDIS_URL") or "redis://127.0.0.1:6379/0"
-    from . import limits
-
     user = env.get("GGPO_USER") or _login()
     problem = limits.user_problem(user)
     if problem:
@@ -224,12 +238,10 @@ def mlflow_uri(env: Mapping[str, str] | None = None) -> str | None:
 
 
 def _hung_after(env: Mapping[str, str]) -> float:
-    value = _float(env, HUNG_AFTER_ENV)
-    if value is None:
+    raw = env.get(HUNG_AFTER_ENV)
+    if raw is None or raw == "":
         return HUNG_AFTER_SECONDS
-    if value <= 0:
-        raise ConfigError(f"{HUNG_AFTER_ENV}={env[HUNG_AFTER_ENV]!r}: must be > 0 (seconds)")
-    return value
+    return _number(HUNG_AFTER_ENV, raw, float, above_low=True)
 
 
 # The token every request to a dashboard (ggpo-batch dashboard) must carry; required off 127.0.0.1.
@@ -249,7 +261,7 @@ def dashboard_token(env: Mapping[str, str] | None = None) -> str | None:
     if len(token) < DASHBOARD_TOKEN_MIN_LENGTH or not re.fullmatch(r"[A-Za-z0-9._~+/=-]+", token):
         raise ConfigError(f"{DASHBOARD_TOKEN_ENV}: must be at least {DASHBOARD_TOKEN_MIN_LENGTH} characters of "
                           f"letters, digits and ._~+/=- (e.g. `openssl rand -hex 24`)")
-    _PASSWORDS.add(token)
+    _remember(token)
     return token
 
 
@@ -272,10 +284,9 @@ def _fault_pause(raw: str) -> tuple[tuple[str, float], ...]:
         point, _, secs = item.partition("=")
         if point not in FAULT_POINTS:
             raise ConfigError(f"GGPO_FAULT_PAUSE: unknown point {point!r} (points: {', '.join(FAULT_POINTS)})")
-        try:
-            out.append((point, float(secs)))
-        except ValueError:
-            raise ConfigError(f"GGPO_FAULT_PAUSE: {item!r} must be POINT=SECONDS") from None
+        if not secs.strip():
+            raise ConfigError(f"GGPO_FAULT_PAUSE: {item!r} must be POINT=SECONDS")
+        out.append((point, _number("GGPO_FAULT_PAUSE", secs, float)))
     return tuple(out)
 
 
@@ -286,16 +297,28 @@ def _login() -> str:
         return f"uid{os.getuid()}"
 
 
-# Passwords of the URLs this process was configured with (raw and percent-decoded): hidden by
-# `redact` wherever they appear, even outside a URL. Shorter ones would blank out ordinary words.
+# Passwords of the URLs this process was configured with (raw and percent-decoded) and the dashboard's
+# token, in the forms output writes them in (as JSON, CSV and HTML escape them): hidden by `redact`
+# wherever they appear, even outside a URL. Shorter ones would blank out ordinary words.
 _PASSWORDS: set[str] = set()
 _MIN_REMEMBERED = 4
+# The settings whose values are secrets: remembered before a command prints anything (`remember_secrets`).
+SECRET_URL_ENVS = ("GGPO_DB_URL", "GGPO_REDIS_URL", MLFLOW_URI_ENV)
+
+
+def _remember(secret: str) -> None:
+    import html
+    import json
+
+    if len(secret) < _MIN_REMEMBERED:
+        return
+    _PASSWORDS.update({secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
+                       secret.replace('"', '""'), html.escape(secret)})
 
 
 def remember_secret(value: str) -> None:
     """Hide `value` (a password, a token) wherever `redact` sees it from now on."""
-    if len(value) >= _MIN_REMEMBERED:
-        _PASSWORDS.add(value)
+    _remember(value)
 
 
 def _remember_password(url: str) -> None:
@@ -307,7 +330,20 @@ def _remember_password(url: str) -> None:
     if userinfo is None or ":" not in userinfo:
         return
     password = userinfo.split(":", 1)[1]
-    _PASSWORDS.update(p for p in (password, unquote(password)) if len(p) >= _MIN_REMEMBERED)
+    for p in (password, unquote(password)):
+        _remember(p)
+
+
+def remember_secrets(env: Mapping[str, str] | None = None) -> None:
+    """Remember the secrets of `env` (default: os.environ) for `redact` without checking them (a bad
+    value is refused, with one line, where it is used): the passwords of the service URLs and the
+    dashboard's token, so that output masks them even where a command never reads them itself."""
+    env = os.environ if env is None else env
+    for name in SECRET_URL_ENVS:
+        if env.get(name):
+            _remember_password(env[name].strip())
+    if env.get(DASHBOARD_TOKEN_ENV, "").strip():
+        _remember(env[DASHBOARD_TOKEN_ENV].strip())
 
 
 def _redact_url(url: str) -> str:

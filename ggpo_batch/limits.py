@@ -51,6 +51,7 @@ INT32_MAX = 2**31 - 1  # an INTEGER column: experiment versions, GPUs of an atte
 VERSION_MAX = INT32_MAX
 DURATION_MAX_SECONDS = 100 * 365 * 86400  # an elapsed time the ledger turns into start and end times
 INT_MAX = 2**63 - 1  # any integer in a JSON field: |n| <= INT_MAX (at most 19 digits)
+GPU_HOURS_MAX = 1e7  # a cap or an estimate of GPU-hours (a spec's max_gpu_hours, GGPO_*_GPU_HOURS_CAP)
 
 # -- text, JSON, files ---------------------------------------------------------------------------
 TEXT_MAX = 10_000  # a reason, a cost basis, a description: characters
@@ -192,6 +193,8 @@ def json_problem(value: Any, *, max_depth: int = JSON_MAX_DEPTH) -> str | None:
             problem = text_problem(v, max_chars=RESULTS_MAX_BYTES)
             if problem:
                 return f"{at}{problem}"
+        elif isinstance(v, _Refused):
+            return f"{at}{v.problem}"
         elif isinstance(v, (int, float)):
             problem = number_problem(v)
             if problem:
@@ -201,39 +204,89 @@ def json_problem(value: Any, *, max_depth: int = JSON_MAX_DEPTH) -> str | None:
     return None
 
 
-def _refuse_constant(name: str) -> Any:
-    raise InputRefused(f"{name} is not a finite number (JSON has no NaN or Infinity)")
+class _Refused:
+    """A value the JSON parser met that JSON or the ledger cannot hold (NaN, an infinity, a 5,000-digit
+    integer), kept in its place so that `json_problem` names where it is ("at 0/clean.timing.x")."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
 
 
-def _bounded_int(text: str) -> int:
-    if len(text.lstrip("-")) > len(str(INT_MAX)):
-        raise InputRefused(f"an integer of {len(text.lstrip('-'))} digits; at most {INT_MAX} in size")
+def _refuse_constant(name: str) -> _Refused:
+    return _Refused(f"{name} is not a finite number (JSON has no NaN or Infinity)")
+
+
+def _bounded_int(text: str) -> int | _Refused:
+    digits = len(text.lstrip("-"))
+    if digits > len(str(INT_MAX)):  # (int() of over 4,300 digits would raise; 19 digits: number_problem)
+        return _Refused(f"an integer of {digits} digits; at most {INT_MAX} in size")
     return int(text)
 
 
-def _finite_float(text: str) -> float:
+def _finite_float(text: str) -> float | _Refused:
     value = float(text)
     if not math.isfinite(value):
-        raise InputRefused(f"the number {text[:30]} is not finite as a 64-bit float")
+        return _Refused(f"the number {text[:30]} is not finite as a 64-bit float")
     return value
 
 
-def load_json(raw: bytes, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
-    """Parse JSON with the limits above (no NaN/Infinity, bounded integers and depth)."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise InputRefused(f"is not UTF-8 text (byte {exc.start})") from None
+def load_json(raw: bytes | str, *, max_depth: int = JSON_MAX_DEPTH) -> Any:
+    """Parse JSON with the limits above (no NaN/Infinity, bounded integers and depth); a refusal
+    names the place of the bad value ("at a.b[3]: NaN is not a finite number ...")."""
+    if isinstance(raw, bytes):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputRefused(f"is not UTF-8 text (byte {exc.start})") from None
+    else:
+        text = raw
     try:
         data = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
     except RecursionError:
-        raise InputRefused(f"is nested too deep (at most {max_depth})") from None
+        place = deep_place(text, max_depth)
+        raise InputRefused(f"at {place}: nested deeper than {max_depth}" if place else
+                           f"is nested too deep (at most {max_depth})") from None
     except json.JSONDecodeError as exc:
         raise InputRefused(f"is not valid JSON (truncated or corrupt?): {exc}") from None
     problem = json_problem(data, max_depth=max_depth)
     if problem:
         raise InputRefused(problem)
     return data
+
+
+def deep_place(text: str, max_depth: int) -> str | None:
+    """Where JSON `text` first nests deeper than `max_depth` ("question[0][0]...", as `json_problem`
+    names places), found by one scan that keeps only the open containers (so it works where the
+    parser ran out of recursion); None if it does not."""
+    stack: list[list[Any]] = []  # [key or None] of an open object, [index] of an open array
+    in_string = escaped = False
+    chars: list[str] = []
+    last = ""
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string, last = False, "".join(chars)
+            elif len(chars) < 64:
+                chars.append(ch)
+        elif ch == '"':
+            in_string, chars = True, []
+        elif ch == ":" and stack and not isinstance(stack[-1][0], int):
+            stack[-1][0] = last
+        elif ch == "," and stack and isinstance(stack[-1][0], int):
+            stack[-1][0] += 1
+        elif ch in "[{":
+            if len(stack) >= max_depth:
+                return "".join(f"[{k}]" if isinstance(k, int) else f".{k or '?'}" for (k,) in stack).lstrip(".")
+            stack.append([0] if ch == "[" else [None])
+        elif ch in "]}" and stack:
+            stack.pop()
+    return None
 
 
 def read_input_file(path: str | Path, *, max_bytes: int, what: str = "file") -> bytes:

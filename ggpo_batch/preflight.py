@@ -136,6 +136,11 @@ def _versions(cfg: TrainConfig, report: Report) -> None:
 # -- the allocation ---------------------------------------------------------------------------------
 
 
+def allocation(spec: ExperimentSpec, profiles_dir: Path | None = None) -> tuple[int, float | None]:
+    """(training ranks, bytes of one GPU or None) of the spec's executor and profile; problems are `check`'s."""
+    return _allocation(spec, Report(spec.path), profiles_dir)
+
+
 def _allocation(spec: ExperimentSpec, report: Report, profiles_dir: Path | None) -> tuple[int, float | None]:
     """(training ranks, bytes of one GPU or None when unknown or no GPU) for the spec's executor."""
     if spec.executor == "debug":
@@ -189,11 +194,28 @@ def _data(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> _Data | Non
         if overlap:
             report.add("train.data.eval", f"{len(overlap)} id(s) are also in train.data.train ({overlap[0]!r}, ...): "
                        f"held-out items must be held out")
+    if "passages" in found:
+        _support(found.get("train", ()) + found.get("eval", ()), found["passages"], report)
     if "eval" not in found:
         return None
     report.facts.update(train_items=len(found.get("train", ())), eval_items=len(found["eval"]),
                         passages=len(found.get("passages", ())))
     return _Data(found.get("train", ()), found["eval"], f"train.data.eval ({cfg.data.eval})")
+
+
+def _support(items: tuple[Item, ...], passages: Any, report: Report) -> None:
+    """Support titles the passages file does not hold: counted and warned (some questions may be
+    unsupported on purpose); refused when none of them is there (the passages of other items)."""
+    from .train.task import support_coverage
+
+    cov = support_coverage(items, passages)
+    if cov.items_with_titles and not cov.titles_found:
+        report.add("train.data.passages", f"holds none of the support titles its {cov.items_with_titles} items "
+                   f"name: are these the passages of train.data.train and train.data.eval?")
+    elif cov.items_missing:
+        report.facts["support_titles_missing"] = {"items": cov.items_missing, "of": cov.items_with_titles,
+                                                  "share": round(cov.share_missing, 4)}
+        log.warning("preflight: train.data.passages: %s", cov.message())
 
 
 def _arms(cfg: TrainConfig, arms: list[ArmSpec], data: _Data, report: Report) -> None:
@@ -237,6 +259,11 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
     except hf.CheckpointError as exc:
         report.add(where, exc.message, absent=exc.absent)
         return None
+    untrusted = hf.check_folder(folder)  # before any library reads it (links out, FIFOs, bad JSON, headers)
+    for problem in untrusted:
+        report.add(where, problem)
+    if untrusted:
+        return None
     try:
         config = hf.load_config(folder)
     except Exception as exc:  # noqa: BLE001  (transformers raises OSError, ValueError, KeyError...)
@@ -247,7 +274,12 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
         report.add(where, f"{folder}: model_type {getattr(config, 'model_type', None)!r} is not a causal LM that "
                    f"AutoModelForCausalLM loads")
         ok = False
-    files = hf.weight_files(folder)
+    try:
+        files = hf.weight_files(folder)
+        eos = hf.eos_ids(folder)
+    except hf.CheckpointError as exc:  # changed since it was checked
+        report.add(where, exc.message)
+        return None
     missing = [f.name for f in files if not f.is_file()]
     if not files or missing:
         report.add(where, f"{folder}: no safetensors weights" + (f" ({', '.join(missing[:3])} absent)" if missing else ""))
@@ -260,7 +292,6 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
     if not getattr(tokenizer, "chat_template", None):
         report.add(where, f"{folder}: the tokenizer has no chat template (prompts are built with it)")
         ok = False
-    eos = hf.eos_ids(folder)
     if tokenizer.eos_token_id is None and not eos:
         report.add(where, f"{folder}: neither the tokenizer nor generation_config.json names an EOS token")
         ok = False
@@ -286,7 +317,11 @@ def _model(cfg: TrainConfig, report: Report) -> dict[str, Any] | None:
         report.add(chat_template.FIELD, f"{folder}: {problem}")
     if not template.renders:
         return None
-    params = hf.safetensors_parameters(files)
+    try:
+        params = hf.safetensors_parameters(files)
+    except hf.CheckpointError as exc:
+        report.add(where, exc.message)
+        return None
     text = getattr(config, "text_config", None) or config
     info = {"codec": codec, "parameters": params, "hidden": int(getattr(text, "hidden_size", 0) or getattr(text, "n_embd", 0)),
             "layers": int(getattr(text, "num_hidden_layers", 0) or getattr(text, "n_layer", 0)),

@@ -51,7 +51,8 @@ SCHEMAS: dict[str, Schema] = {
                         "put back on the queue."),
     "decide": Schema(1, "ggpo-batch decide NAME --not-reproduced --json", "The decision recorded and the queued "
                      "runs it marked not_reproduced."),
-    "logs": Schema(1, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes), no content."),
+    "logs": Schema(2, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes, and why one is "
+                   "not shown: `problem`), no content."),
     "nightly": Schema(1, "ggpo-batch nightly --json", "Each method's night: whether it ran, its artifact and "
                       "record, or who had already claimed it."),
     "db_current": Schema(1, "ggpo-batch db current --json", "The ledger's schema revision and the one this code "
@@ -66,8 +67,8 @@ SCHEMAS: dict[str, Schema] = {
                                     *(f"report.{p}" for p in _REPORT_MAPS))),
     "gc": Schema(1, "ggpo-batch gc --json", "What was (or, with --dry-run, would be) removed per finished run, "
                  "what was freed, the live runs left alone."),
-    "dashboard_run": Schema(2, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
-                            "heartbeats and log tails, its events."),
+    "dashboard_run": Schema(3, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats and log tails (or why a log is not shown: `problem`), its events."),
     "config": Schema(1, "ggpo-batch config --json", "Every setting as the commands use it (secrets masked) and "
                      "where it came from: the environment, a settings file, or the default; the settings files "
                      "looked at."),

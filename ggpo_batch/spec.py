@@ -87,6 +87,9 @@ class ExperimentSpec:
     continue_on_timeout: bool = False
     max_continuations: int = DEFAULT_MAX_CONTINUATIONS
     keep_checkpoints: bool = False
+    # What was taken from the model, not the file (spec_defaults.py): "train.model.max_model_len = ...
+    # (why)". Not part of the spec's identity: the values themselves are in `train`.
+    defaults: tuple[str, ...] = ()
 
     @property
     def allocated_gpus(self) -> int:
@@ -97,6 +100,7 @@ class ExperimentSpec:
         """Everything that defines the experiment (not where the file lives)."""
         d = asdict(self)
         d.pop("path")
+        d.pop("defaults")
         if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
             d.pop("nodes")
         for key, default in LIFECYCLE_DEFAULTS.items():  # absent at the default, as `nodes`
@@ -300,7 +304,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
                         "runs on this one machine)")
     max_gh = e.get("max_gpu_hours")
     if max_gh is not None:
-        max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, 1e7, open_lo=True)
+        max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, limits.GPU_HOURS_MAX, open_lo=True)
     retries = _int(p, "experiment.retries", e.get("retries", 0), 0, MAX_RETRIES)
     queue = e.get("queue")
     if queue is not None:
@@ -327,10 +331,12 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     problem = limits.json_problem(train)  # stored as JSON in the ledger: finite, bounded, plain
     if problem:
         raise SpecError(p, "train", problem)
-    return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
-                          loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
-                          retries=retries, queue=queue, description=description, overheads=overheads,
-                          train=json.loads(json.dumps(train)), nodes=nodes, **lifecycle)
+    from .spec_defaults import apply
+
+    return apply(ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
+                                loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
+                                retries=retries, queue=queue, description=description, overheads=overheads,
+                                train=json.loads(json.dumps(train)), nodes=nodes, **lifecycle))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

@@ -256,7 +256,8 @@ def test_cli_json_text_compare_and_files(env: dict[str, str], tmp_path: Path) ->
         res = _cli("report", "five", "--format", fmt, "-o", str(out))
         assert res.exit_code == 0, res.output
         body = out.read_text()
-        assert body.count("data:image/png;base64,") == 4 and "paired_answer" in body and "95 %" in body
+        arm = "paired\\_answer" if fmt == "md" else "paired_answer"  # Markdown: `_` escaped, rendered as is
+        assert body.count("data:image/png;base64,") == 4 and arm in body and "95 %" in body
         png = body.split("data:image/png;base64,")[1].split(")" if fmt == "md" else '"')[0]
         assert base64.b64decode(png)[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<table" in (tmp_path / "r.html").read_text() and "| arm |" in (tmp_path / "r.md").read_text()

@@ -276,10 +276,12 @@ def invoked_command_name(ctx: click.Context | None = None) -> str:
 
 
 def echo_json(kind: str, data: Any) -> None:
-    """Print `data` as the `kind` document of ggpo_batch/schemas.py (with its schema number)."""
+    """Print `data` as the `kind` document of ggpo_batch/schemas.py (with its schema number), its
+    secrets masked before it is serialised (ggpo_batch/masking.py)."""
+    from ..masking import scrub
     from ..schemas import dumps
 
-    click.echo(dumps(kind, data))
+    click.echo(dumps(kind, scrub(data)))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -302,6 +304,9 @@ def cli(ctx: click.Context, verbose: int) -> None:
     GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600). The same settings may sit in
     ~/.config/ggpo-batch/config.toml or /etc/ggpo-batch/config.toml (`ggpo-batch config`).
     """
+    from ..masking import masked_output
+
+    ctx.with_resource(masked_output())  # every byte the command prints: secrets masked (before logging binds stderr)
     level = logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     ctx.call_on_close(ctx.ensure_object(App).close)

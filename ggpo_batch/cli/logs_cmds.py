@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from ..errors import GgpoError
 from .app import COUNT_VALUE, RUN_KEY_VALUE, App, cli, echo_json, pass_reader
+
+if TYPE_CHECKING:
+    from ..joblogs import LogFile
 
 
 @cli.command()
@@ -32,39 +39,76 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
     executors' files are submitit's (<job id>_<rank>_log.out/.err in the attempt folder); a debug
     attempt ran inside its worker, whose own log has its output.
     \b
-    Exit codes: 0 shown; 2 no such run, attempt or rank; 5 the attempt has no log (yet): it is
-    queued, still being submitted or waiting for its allocation (with -f: waited for instead).
+    A log is the job's file, not ours: it is streamed whatever its size, -n reads it from the end (a
+    progress bar's "\r" ends a line, as on a terminal), and a file that is a link leading out of the
+    attempt folder, a FIFO or a device is refused, each with one line naming it.
+    \b
+    Exit codes: 0 shown; 2 no such run, attempt or rank, or a log file refused (the others are
+    shown); 5 the attempt has no log (yet): it is queued, still being submitted or waiting for its
+    allocation (with -f: waited for instead); 6 a log file this user may not read.
     \b
       ggpo-batch logs exposure-5arm-v1-20261012-paired -n 50
       ggpo-batch logs exposure-5arm-v1-20261012-paired --attempt 2 --rank 3 -f
     """
-    from ..joblogs import NoLog, attempt_logs, attempt_running, pick_attempt, tail_text
+    from ..joblogs import (
+        NoLog,
+        attempt_logs,
+        attempt_running,
+        job_folder,
+        pick_attempt,
+        read_text,
+        refusal,
+    )
     from ..joblogs import follow as follow_files
+    from ..untrusted_files import FileRefused, real_roots
 
     led = app.ledger()
     jobs_dir = app.settings.jobs_dir
     run = led.get_run(run_key)
     att = pick_attempt(run, attempt)
     streams = ("stdout", "stderr") if stream == "both" else (stream,)
+    refused: list[GgpoError] = []
+
+    def found():  # type: ignore[no-untyped-def]
+        return attempt_logs(jobs_dir, run, att, rank)
 
     def current():  # type: ignore[no-untyped-def]
-        return tuple(f for f in attempt_logs(jobs_dir, run, att, rank).files if f.stream in streams)
+        return tuple(f for f in found().files if f.stream in streams)
+
+    def refuse(f: LogFile, exc: FileRefused) -> None:  # one line each, on stderr; the others are still shown
+        error = refusal(f.path, exc)
+        if all(e.message != error.message for e in refused):
+            refused.append(error)
+            click.echo(f"error: {error.message}", err=True)
+
+    def show(f: LogFile, roots: Sequence[Path]) -> None:
+        ended = True
+        try:
+            for text in read_text(f.path, roots, lines):
+                click.echo(text, nl=False)
+                ended = text.endswith(("\n", "\r"))
+        except FileRefused as exc:
+            if not exc.absent:
+                refuse(f, exc)
+        if not ended:
+            click.echo("")
 
     if as_json:
-        echo_json("logs", attempt_logs(jobs_dir, run, att, rank).to_dict())
+        echo_json("logs", found().to_dict())
         return
     if not follow:
-        files = current()
+        logs_now = found()
+        files = tuple(f for f in logs_now.files if f.stream in streams)
         for f in files:
-            text = tail_text(f.path, lines)
             _header(f.path, len(files))
-            click.echo(text, nl=bool(text) and not text.endswith("\n"))
+            show(f, logs_now.roots)
+        _exit(refused)
         return
 
     def files_now():  # type: ignore[no-untyped-def]
         try:
             return current()
-        except NoLog:
+        except GgpoError:  # no log yet, or no more (deleted): a bad rank was refused before following
             return ()
 
     def running() -> bool:
@@ -80,16 +124,25 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
         except NoLog as exc:
             click.echo(f"{exc.message}; waiting for it (Ctrl-C stops)", err=True)
     many = 1 if rank is not None and stream != "both" else 2  # headers unless one file can be followed
+    roots = real_roots([job_folder(jobs_dir, run, att)])
     for f in first if lines is not None else ():
         _header(f.path, many)
-        click.echo(tail_text(f.path, lines), nl=False)
+        show(f, roots)
     shown = None
-    for f, text in follow_files(files_now, running, start_at_end=lines is not None):
+    for f, text in follow_files(files_now, running, roots=lambda: roots, start_at_end=lines is not None,
+                                refused=refuse):
         if f.path != shown:
             _header(f.path, many)
             shown = f.path
         click.echo(text, nl=False)
         sys.stdout.flush()
+    _exit(refused)
+
+
+def _exit(refused: list[GgpoError]) -> None:
+    """Exit with the code of the first refused file (its line was printed where it was met)."""
+    if refused:
+        click.get_current_context().exit(refused[0].exit_code)
 
 
 def _header(path: object, n: int) -> None:

@@ -100,6 +100,8 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
     elif res.estimate:
         click.echo(f"estimated total: {res.estimate.total_gpu_hours:.2f} GPU-h for {len(res.estimate.runs)} runs "
                    f"({res.estimate.cost_basis})")
+    for default in spec.defaults:  # taken from the model, not written in the spec
+        click.echo(f"default: {default}")
     if res.preflight is not None:
         click.echo(f"preflight: ok{_facts(res.preflight.facts)}")
         mem = res.preflight.facts.get("gpu_memory_estimate_gib")

@@ -88,6 +88,9 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
     reps = [experiment_report(led, name, version=v if v is not None else version, baseline=baseline)
             for name, v in experiments]
     cmp = compare_reports(reps[0], reps[1]) if len(reps) == 2 else None
+    from ..masking import scrub
+
+    reps, cmp = scrub(reps), scrub(cmp)  # before any format lays them out (cut, escaped) in one place
     if fmt in ("md", "html"):
         _write(_document(fmt, reps, cmp, plot_dir), output)
         return
@@ -150,10 +153,12 @@ def _whole_file(output: Path, what: str) -> Iterator[TextIO]:
 
     if output.exists() and not output.is_file():  # a device or FIFO would be replaced by the rename
         raise GgpoError(f"{output}: not a regular file; write to stdout instead (leave out -o)")
+    from ..masking import masked_file
+
     tmp = output.with_name(output.name + ".part")
     try:
         with tmp.open("w", newline="", encoding="utf-8") as fh:
-            yield fh
+            yield masked_file(fh)
         tmp.replace(output)
     except OSError as exc:
         raise GgpoError(f"{output}: cannot write {what} ({exc.strerror or exc}); nothing written") from None

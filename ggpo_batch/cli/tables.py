@@ -36,6 +36,9 @@ def _console(width: int = 160) -> Console:
 
 
 def print_status(experiments: Sequence[dict[str, Any]], console: Console | None = None) -> None:
+    from ..masking import scrub
+
+    experiments = scrub(experiments)  # before a cell is cut short: a cut secret would not be masked whole
     if not experiments:
         if console is None:
             click.echo(NO_EXPERIMENTS)
@@ -111,6 +114,9 @@ def print_decided(decisions: Sequence[dict[str, Any]], console: Console | None =
     from rich.markup import escape
     from rich.table import Table
 
+    from ..masking import scrub
+
+    decisions = scrub(decisions)
     console = console or _console()
     t = Table(title="decided, never queued (not failures: no GPU spent)", title_justify="left")
     for col in ("experiment", "decision", "est GPU-h", "cap GPU-h", "by", "review done", "resolution"):

@@ -39,6 +39,8 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
     from ..spec import load_spec
 
     spec = load_spec(spec_file)
+    for default in spec.defaults:  # taken from the model, not written in the spec
+        click.echo(f"default: {default}", err=True)
     if seed not in spec.seeds:
         raise click.BadParameter(f"{seed} is not a seed of {spec_file} ({list(spec.seeds)})", param_hint="--seed")
     # The executor this command uses decides the ranks and whether there are GPUs to check.

@@ -6,8 +6,8 @@ Bind rule: 127.0.0.1 (or another loopback address) by default; any other address
 cookie and redirects to the same page without the token in its address. The cookie holds an HMAC of
 the token, not the token. No token: 401; a wrong one: 403.
 
-Secrets: every string a page or the API shows passes through `scrub` (`config.redact`: URL
-passwords, the configured DB/Redis passwords, the token itself).
+Secrets: every string a page or the API shows passes through `scrub` (ggpo_batch/masking.py, as every
+command's output: URL passwords, the configured DB/Redis/MLflow passwords, the token itself).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -27,7 +27,8 @@ from starlette.responses import (
     Response,
 )
 
-from ..config import DASHBOARD_TOKEN_ENV, redact
+from ..config import DASHBOARD_TOKEN_ENV
+from ..masking import scrub  # noqa: F401  (every page and API body is masked as the CLI's output is)
 
 COOKIE = "ggpo_dashboard"
 LOCAL_NAMES = ("localhost",)
@@ -50,17 +51,6 @@ def bind_problem(host: str, token: str | None) -> str | None:
     return (f"--host {host} is not a loopback address: the dashboard would be readable by anyone who can reach "
             f"this machine; set {DASHBOARD_TOKEN_ENV} (every request must then carry it), or bind 127.0.0.1 and "
             f"use an SSH tunnel")
-
-
-def scrub(value: Any) -> Any:
-    """`value` (str, or dicts/lists/tuples of them) with every secret replaced by *** (keys too)."""
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, Mapping):
-        return {scrub(k): scrub(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [scrub(v) for v in value]
-    return value
 
 
 def _session_value(token: str) -> str:

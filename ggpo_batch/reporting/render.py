@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -190,12 +191,36 @@ def _png_uri(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(Path(path).read_bytes()).decode("ascii")
 
 
+# Characters that mean something to Markdown (CommonMark) wherever they stand in a line: emphasis,
+# code, links and images, tables, HTML and entities, autolinks, strikethrough. Escaped with a
+# backslash (any ASCII punctuation may be), '&' '<' '>' as entities (no raw HTML passes).
+_MD_SPECIAL = frozenset("\\`*_[]|~!#")
+_MD_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+
+
+def md_text(value: object) -> str:
+    """`value` as Markdown text that renders as itself, on one line: user text (a decision's reason,
+    a name, a path) can neither open a heading, list, table or code block (its line breaks become
+    spaces) nor emphasise, link or embed HTML."""
+    text = " ".join(str(value).split())
+    return "".join(_MD_ENTITIES.get(c) or (f"\\{c}" if c in _MD_SPECIAL else c) for c in text)
+
+
+def md_code(value: str) -> str:
+    """`value` as a Markdown code span (shown verbatim, HTML included): fenced by one backtick more
+    than its longest run of them; control characters (a line break in a quoted path) written as
+    escapes, so the span stays on its line."""
+    text = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in value)
+    fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
 def _md_table(t: Table) -> str:
-    esc = [[c.replace("|", "\\|") for c in row] for row in t.rows]
-    lines = [f"**{t.title}**", "", "| " + " | ".join(t.columns) + " |",
+    lines = [f"**{md_text(t.title)}**", "", "| " + " | ".join(md_text(c) for c in t.columns) + " |",
              "| " + " | ".join("---" if i == 0 or c in ("figure", "decoding") else "---:"
                                for i, c in enumerate(t.columns)) + " |"]
-    lines += ["| " + " | ".join(r) + " |" for r in esc]
+    lines += ["| " + " | ".join(md_text(c) for c in r) + " |" for r in t.rows]
     return "\n".join(lines)
 
 
@@ -232,18 +257,20 @@ def to_markdown(data: Mapping[str, Any] | None, plots: Sequence[tuple[str, Path]
                 compare: Mapping[str, Any] | None = None, command: str = "") -> str:
     """One Markdown file: title, warnings, tables, plots (embedded), method."""
     title = " vs ".join(compare["compare"]) if compare else heading(data or {})
-    out = [f"# Report: {title}", "",
-           f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}" + (f" by `{command}`" if command else "")
+    out = [f"# Report: {md_text(title)}", "",
+           f"Generated {datetime.now(UTC).strftime('%Y-%m-%d %H:%M UTC')}" + (f" by {md_code(command)}" if command else "")
            + " from the ggpo-batch ledger.", ""]
     for name, items in _sections(data, compare):
-        out += [f"## {name}", ""]
+        out += [f"## {md_text(name)}", ""]
         for it in items:
-            out += [_md_table(it) if isinstance(it, Table) else f"- {it}" if name != "Results" else it, ""]
+            out += [_md_table(it) if isinstance(it, Table) else f"- {md_text(it)}" if name != "Results"
+                    else md_text(it), ""]
     if plots:
         out += ["## Plots", ""]
         for label, p in plots:
             cap = _captions().get(Path(p).stem, Path(p).stem)
-            out += [f"**{label}** {cap}", "", f"![{label} {Path(p).stem}]({_png_uri(p)})", ""]
+            image = f"![{md_text(label)} {md_text(Path(p).stem)}]({_png_uri(p)})"
+            out += [(f"**{md_text(label)}** " if label else "") + md_text(cap), "", image, ""]
     return "\n".join(out)
 
 

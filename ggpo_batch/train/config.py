@@ -24,6 +24,7 @@ RENAMED_KEYS = {"micro_batch_rows": "micro_batch_size"}
 # Keys that shape the built-in byte GPT-2 only: meaningless beside [train.model].
 BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
 DATA_KEYS = ("train", "eval", "passages")
+MAX_MODEL_LEN_RANGE = (16, 1 << 20)  # tokens; left out of a spec, the model's own (spec_defaults.py)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,9 @@ class ModelConfig:
     dtype: str = "bfloat16"
     gradient_checkpointing: bool = False
     attn_implementation: str = "sdpa"
-    max_model_len: int = 4096  # prompt + every turn + tool output of one trajectory, in tokens
+    # Prompt + every turn + tool output of one trajectory, in tokens. Left out of a spec: the model's own
+    # context (spec_defaults.py puts it in the run spec); 4096 only for a run spec that lacks it.
+    max_model_len: int = 4096
     # Keywords of the chat template, passed wherever a prompt is rendered (train/chat_template.py:
     # `{ enable_thinking = false }` for a Qwen3-class hybrid template; preflight refuses a thinking
     # switch left at its default and a keyword the template never reads).
@@ -58,8 +61,9 @@ class ModelConfig:
         if cfg.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise SpecError(path, "train.model.attn_implementation",
                             f"must be one of {', '.join(ATTN_IMPLEMENTATIONS)}, got {cfg.attn_implementation!r}")
-        if not 16 <= cfg.max_model_len <= 1 << 20:
-            raise SpecError(path, "train.model.max_model_len", f"must be in 16..{1 << 20}, got {cfg.max_model_len}")
+        lo, hi = MAX_MODEL_LEN_RANGE
+        if not lo <= cfg.max_model_len <= hi:
+            raise SpecError(path, "train.model.max_model_len", f"must be in {lo}..{hi}, got {cfg.max_model_len}")
         return cfg
 
 

@@ -10,19 +10,16 @@ Nothing is downloaded: a directory is read as it is (`local_files_only`), and a 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import GgpoError
+from . import checkpoint_files
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
-SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "BF16": 2, "F16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
-                     "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 # Config keys of dropout probabilities across the supported families (Llama/Qwen/Mistral use
 # attention_dropout, GPT-2 the *_pdrop ones): all set to 0 at load, so behaviour, policy and
 # reference log-probs agree on identical weights.
@@ -85,37 +82,34 @@ def eos_ids(folder: str | Path) -> list[int]:
     path = Path(folder) / "generation_config.json"
     if not path.is_file():
         return []
-    value = json.loads(path.read_text()).get("eos_token_id")
+    try:
+        value = checkpoint_files.read_json(path).get("eos_token_id")
+    except checkpoint_files.CheckpointFileError as exc:
+        raise CheckpointError(exc.problem) from None
     ids = value if isinstance(value, list) else [value]
-    return [int(i) for i in ids if isinstance(i, int)]
+    return [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+
+
+def check_folder(folder: Path) -> list[str]:
+    """What would make libraries read outside the folder, block or fail on it: one phrase per
+    problem ("<file>: what is wrong"; ggpo_batch/train/checkpoint_files.py)."""
+    return checkpoint_files.folder_problems(folder)
 
 
 def weight_files(folder: Path) -> list[Path]:
     """The checkpoint's safetensors files (a sharded index or single files)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [folder / n for n in names]
-    return sorted(folder.glob("*.safetensors"))
+    try:
+        return checkpoint_files.weight_files(folder)
+    except checkpoint_files.CheckpointFileError as exc:
+        raise CheckpointError(exc.problem) from None
 
 
 def safetensors_parameters(files: list[Path]) -> int:
     """Number of stored tensor elements, read from the safetensors headers alone (no weights loaded)."""
-    total = 0
-    for f in files:
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            if n > 100 << 20:
-                raise CheckpointError(f"{f}: not a safetensors file (header of {n} bytes)")
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for d in meta["shape"]:
-                count *= int(d)
-            total += count
-    return total
+    try:
+        return checkpoint_files.parameters(files)
+    except checkpoint_files.CheckpointFileError as exc:
+        raise CheckpointError(exc.problem) from None
 
 
 def load_model(folder: Path, *, dtype: str, attn_implementation: str, gradient_checkpointing: bool) -> Any:

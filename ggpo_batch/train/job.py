@@ -48,9 +48,11 @@ from ..allocation import (
 from ..config import mlflow_uri
 from ..errors import GgpoError
 from ..heartbeat import Heartbeat, write_heartbeat
+from ..masking import mask_logging
 from ..netutil import free_port
 from ..run_record import entry_key, require_valid
 from ..runspec import RunSpec
+from ..tracking import tracking_state
 from .config import TrainConfig
 from .deepspeed_import import import_deepspeed
 
@@ -245,6 +247,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
         from .trainer import Trainer
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
+        mask_logging()  # the job's log masks its secrets (a store's URI quoted by a library) as output does
         spec = RunSpec.from_json(self.spec_json)
         cfg = TrainConfig.from_table(spec.train, "<run spec>")
         if cfg.prompts_per_step % world:
@@ -341,6 +344,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
             record = shared[0]
             if rank == 0:
                 require_valid(entry_key(spec.seed, spec.arm.name), record)
+                if progress is not None and progress.tracking is not None:
+                    progress.tracking.settle()  # bounded: the details then say for sure whether MLflow tracked it
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
                            "audit": audit.details(),
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
@@ -355,7 +360,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
                            "policy_dir": str(policy_dir(output)), "policy_sha256": policy_sha256,
                            "model": {"path": cfg.model.path, "resolved": str(trainer.model_dir),
                                      "dtype": cfg.model.dtype} if cfg.model is not None else "builtin-byte-gpt2",
-                           "data": dataclasses.asdict(cfg.data) if cfg.data is not None else "generated"}
+                           "data": dataclasses.asdict(cfg.data) if cfg.data is not None else "generated",
+                           "tracking": tracking_state(output)}  # MLflow: on (its run), off (why) or none
                 output.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(details_of(output), details)
                 write_json_atomic(output, record)

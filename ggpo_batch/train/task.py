@@ -9,7 +9,6 @@ downloaded at run time). Some synthetic questions are deliberately
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import re
@@ -144,28 +143,38 @@ class DataFileError(SpecError):
         self.absent = absent
 
 
+# One line of a `[train.data]` file (an item or a passage): longer is refused, not read into memory.
+DATA_LINE_MAX_BYTES = 1 << 20
+
+
 def _rows(path: str, field: str, spec_path: str):  # type: ignore[no-untyped-def]
-    """(line number, JSON object) of each non-blank line of a JSONL file."""
+    """(line number, JSON object) of each non-blank line of a JSONL file, each line parsed within
+    the limits of every input (limits.load_json: no NaN or infinities, integers of 64 bits, nesting
+    of 32) and at most DATA_LINE_MAX_BYTES long; a refusal names the file, the line and the field."""
+    from .. import limits
+
     p = Path(path)
     if not p.exists():
         raise DataFileError(spec_path, field, f"{path} is absent from this machine", absent=True)
     if not p.is_file():
-        raise DataFileError(spec_path, field, f"{path} is not a file")
-    with p.open(encoding="utf-8", errors="strict") as fh:
-        n = 0
-        try:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise DataFileError(spec_path, field, f"{path}:{n}: not JSON ({exc.msg})") from None
-                if not isinstance(row, dict):
-                    raise DataFileError(spec_path, field, f"{path}:{n}: a line must be a JSON object")
-                yield n, row
-        except UnicodeDecodeError:
-            raise DataFileError(spec_path, field, f"{path}:{n + 1}: not UTF-8 text") from None
+        raise DataFileError(spec_path, field, f"{path} is not a regular file")
+    try:
+        fh = p.open("rb")
+    except OSError as exc:
+        raise DataFileError(spec_path, field, f"{path}: cannot be read ({exc.strerror})") from None
+    with fh:
+        for n, line in enumerate(iter(lambda: fh.readline(DATA_LINE_MAX_BYTES + 1), b""), 1):
+            if len(line) > DATA_LINE_MAX_BYTES:
+                raise DataFileError(spec_path, field, f"{path}:{n}: the line is over {DATA_LINE_MAX_BYTES} bytes")
+            if not line.strip():
+                continue
+            try:
+                row = limits.load_json(line)
+            except limits.InputRefused as exc:
+                raise DataFileError(spec_path, field, f"{path}:{n}: {exc.problem}") from None
+            if not isinstance(row, dict):
+                raise DataFileError(spec_path, field, f"{path}:{n}: a line must be a JSON object")
+            yield n, row
 
 
 def _str_list(value: object) -> bool:
@@ -212,6 +221,34 @@ def read_passages(path: str, field: str, spec_path: str = "<run spec>") -> tuple
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class SupportCoverage:
+    """How many items name a support title the passages file does not hold."""
+
+    items_with_titles: int
+    items_missing: int  # items naming at least one title that no passage has
+    titles_found: int  # distinct named titles that a passage has
+
+    @property
+    def share_missing(self) -> float:
+        return self.items_missing / self.items_with_titles if self.items_with_titles else 0.0
+
+    def message(self) -> str:
+        return (f"{self.items_missing} of {self.items_with_titles} items ({self.share_missing:.1%}) name a "
+                f"support title that no passage has: retrieval cannot find their support")
+
+
+def support_coverage(items: tuple[Item, ...], passages: tuple[Passage, ...]) -> SupportCoverage:
+    """Items' support titles against the passages' titles. Some missing is normal (a corpus may leave a
+    question unsupported on purpose, as the generated one does); none found at all means the passages
+    file does not belong to the items (preflight refuses that)."""
+    titles = {p.title for p in passages}
+    named = [it for it in items if it.support_titles]
+    missing = sum(1 for it in named if any(t not in titles for t in it.support_titles))
+    found = len({t for it in named for t in it.support_titles} & titles)
+    return SupportCoverage(len(named), missing, found)
+
+
 def from_files(cfg: TrainConfig, spec_path: str = "<run spec>") -> TaskData:
     """The `[train.data]` files: train items, held-out (eval) items, passages; ids held out stay out of train."""
     data = cfg.data
@@ -222,7 +259,11 @@ def from_files(cfg: TrainConfig, spec_path: str = "<run spec>") -> TaskData:
     if overlap:
         raise SpecError(spec_path, "train.data.eval", f"{len(overlap)} id(s) are also in train ({overlap[0]!r}, ...): "
                         f"held-out items must be held out")
-    return TaskData(train=train, heldout=heldout, corpus=read_passages(data.passages, "train.data.passages", spec_path))
+    corpus = read_passages(data.passages, "train.data.passages", spec_path)
+    coverage = support_coverage(train + heldout, corpus)
+    if coverage.items_missing:
+        log.warning("train.data: %s", coverage.message())
+    return TaskData(train=train, heldout=heldout, corpus=corpus)
 
 
 def load(cfg: TrainConfig) -> TaskData:
