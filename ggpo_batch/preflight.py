@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -408,15 +409,28 @@ def _precision(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> None:
                        f"trains on the CPU: use sdpa or eager")
 
 
-def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks: int, gpu_bytes: float,
-            report: Report) -> None:
-    rows = cfg.micro_batch_size or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
-    parts = memory_estimate(
+def rows_per_pass(cfg: TrainConfig, ranks: int) -> int:
+    """Trajectories one forward/backward pass holds: train.micro_batch_size, else the rank's whole batch."""
+    return cfg.micro_batch_size or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
+
+
+def memory_parts(cfg: TrainConfig, model: Mapping[str, Any], ranks: int, gpu_bytes: float,
+                 seq_len: int | None = None) -> dict[str, float]:
+    """gpu_memory.memory_estimate of `cfg` on a model of shape `model` (parameters, dtype_bytes,
+    hidden, layers, vocab) at `seq_len` tokens (default: the config's max_model_len)."""
+    return memory_estimate(
         parameters=model["parameters"], dtype_bytes=model["dtype_bytes"], ranks=ranks, zero_stage=cfg.zero_stage,
-        rows=rows, seq_len=cfg.max_model_len, hidden=model["hidden"], layers=model["layers"], vocab=model["vocab"],
+        rows=rows_per_pass(cfg, ranks), seq_len=seq_len or cfg.max_model_len, hidden=model["hidden"],
+        layers=model["layers"], vocab=model["vocab"],
         gradient_checkpointing=bool(cfg.model and cfg.model.gradient_checkpointing), rollout=cfg.rollout,
         vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes, chunk_tokens=cfg.logprob_chunk_tokens,
         chunk_vocab=cfg.logprob_chunk_vocab, tensor_parallel_size=cfg.tensor_parallel_size)
+
+
+def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks: int, gpu_bytes: float,
+            report: Report) -> None:
+    rows = rows_per_pass(cfg, ranks)
+    parts = memory_parts(cfg, model, ranks, gpu_bytes)
     report.facts["gpu_memory_estimate_gib"] = {k: round(v / GIB, 2) for k, v in parts.items()}
     report.facts["gpu_memory_gib"] = gpu_bytes / GIB
     if parts["total"] > gpu_bytes:

@@ -77,8 +77,8 @@ def _memory_fit(spec: ExperimentSpec, folder: Path, config: Mapping[str, Any], t
                 hi: int, profiles_dir: Path | None) -> tuple[int, str] | None:
     """(the longest length in lo..hi whose estimate fits the profile's GPU, how) or None: no GPU size
     known, or not even `lo` fits (preflight then says the model does not fit)."""
-    from .gpu_memory import GIB, memory_estimate
-    from .preflight import allocation
+    from .gpu_memory import GIB
+    from .preflight import allocation, memory_parts, rows_per_pass
     from .train import checkpoint_files, hf
     from .train.config import TrainConfig
 
@@ -91,17 +91,14 @@ def _memory_fit(spec: ExperimentSpec, folder: Path, config: Mapping[str, Any], t
         parameters = checkpoint_files.parameters(checkpoint_files.weight_files(folder), checkpoint_files.roots(folder))
     except checkpoint_files.CheckpointFileError:
         return None
-    rows = cfg.micro_batch_size or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
+    rows = rows_per_pass(cfg, ranks)
+    shape = {"parameters": parameters, "dtype_bytes": hf.DTYPE_BYTES[cfg.model.dtype],
+             "hidden": _first_int((text, config), ("hidden_size", "n_embd")) or 0,
+             "layers": _first_int((text, config), ("num_hidden_layers", "n_layer")) or 0,
+             "vocab": _first_int((config, text), ("vocab_size",)) or 0}
 
     def total(seq_len: int) -> float:
-        return memory_estimate(
-            parameters=parameters, dtype_bytes=hf.DTYPE_BYTES[cfg.model.dtype], ranks=ranks, zero_stage=cfg.zero_stage,
-            rows=rows, seq_len=seq_len, hidden=_first_int((text, config), ("hidden_size", "n_embd")) or 0,
-            layers=_first_int((text, config), ("num_hidden_layers", "n_layer")) or 0,
-            vocab=_first_int((config, text), ("vocab_size",)) or 0,
-            gradient_checkpointing=cfg.model.gradient_checkpointing, rollout=cfg.rollout,
-            vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes,
-            chunk_tokens=cfg.logprob_chunk_tokens, chunk_vocab=cfg.logprob_chunk_vocab)["total"]
+        return memory_parts(cfg, shape, ranks, gpu_bytes, seq_len)["total"]
 
     if total(hi) <= gpu_bytes:
         return hi, "it fits"

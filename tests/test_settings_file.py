@@ -78,7 +78,7 @@ BAD = [
     ('queu = "x"\n', "unknown key 'queu' (it would set GGPO_QUEU, which no setting reads"),
     ('[notify]\nsmtp_hots = "x"\n', "unknown key 'notify.smtp_hots'"),
     ('queue_gpu_quota = "many"\n', "queue_gpu_quota='many': must be an integer"),
-    ('hung_after_seconds = -1\n', "hung_after_seconds='-1': must be >= 0"),
+    ('hung_after_seconds = -1\n', "hung_after_seconds='-1': must be a number above 0 and at most 2,592,000"),
     ('[notify]\nsmtp_port = 70000\n', "notify.smtp_port='70000': must be between 1 and 65535"),
     ('[notify]\nwebhook_events = ["run_failed", "run_exploded"]\n',
      "notify.webhook_events='run_failed,run_exploded': unknown event(s) run_exploded"),
@@ -114,7 +114,7 @@ def test_a_missing_named_file_and_an_environment_value_are_named_as_such(clean_e
     path = _write(tmp_path / "ok.toml", 'queue_gpu_quota = 3\n')
     monkeypatch.setenv("GGPO_CONFIG", str(path))
     monkeypatch.setenv("GGPO_QUEUE_GPU_QUOTA", "lots")  # the environment's value is the bad one: named as such
-    assert _cli("config")[0:3:2] == (2, "error: GGPO_QUEUE_GPU_QUOTA='lots': must be an integer\n")
+    assert _cli("config")[0:3:2] == (2, "error: GGPO_QUEUE_GPU_QUOTA='lots': must be an integer from 0 to 1,000,000\n")
 
 
 def test_config_shows_every_setting_with_its_source_and_no_secret(clean_env: dict[str, str], tmp_path: Path,

@@ -89,7 +89,10 @@ def test_the_default_is_capped_by_the_memory_formula_of_the_profile(tmp_path: Pa
     uncapped = spec_defaults.apply(_without_default(raw), profiles)
     assert uncapped.train["model"]["max_model_len"] == 8192  # the tiny model's positions fit 80 GiB
     at_8192 = preflight.check(uncapped, profiles_dir=profiles).facts["gpu_memory_estimate_gib"]["total"]
-    small = max(2, int(at_8192 * 0.6))  # a GPU that holds about half the context
+    at_64 = preflight.check(_with_len(uncapped, 64), profiles_dir=profiles).facts["gpu_memory_estimate_gib"]["total"]
+    # A GPU that holds the length-independent part (contexts, buckets, the model) and about half of
+    # what the context's length adds.
+    small = round(at_64 + (at_8192 - at_64) / 2, 2)
     (profiles / "small.toml").write_text(f"schema = 1\ngpus_per_node = 4\ntasks_per_node = 4\ngpu_memory_gib = {small}\n")
     path = _spec(tmp_path, qa_files, tiny_hf, name="capped", executor="slurm", profile="small",
                  train="micro_batch_size = 64")
