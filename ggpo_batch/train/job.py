@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 # Seconds between two heartbeats (and MLflow writes) at most; every step in between is still logged.
 HEARTBEAT_EVERY_SECONDS = 5.0
 # Step figures kept in MLflow from the history entry of each step.
-_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds")
+_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds",
+                 "logprob_gap_mean", "logprob_gap_p99", "clip_fraction", "kl")
 
 
 class Preempted(GgpoError):

@@ -111,7 +111,7 @@ def test_old_logprobs_is_resolved_into_the_run_spec_and_its_hash(tmp_path):
     assert omitted.train == {"old_logprobs": "policy"} and run.train["old_logprobs"] == "policy"
     written, run_policy = run_spec('old_logprobs = "policy"')
     rollout, run_rollout = run_spec('old_logprobs = "rollout"')
-    capped, run_capped = run_spec('old_logprobs = "rollout"\nrollout_is_cap = 2.0')
+    _, run_capped = run_spec('old_logprobs = "rollout"\nrollout_is_cap = 2.0')
     assert run.config_hash == run_policy.config_hash and omitted.spec_hash == written.spec_hash
     assert run_rollout.config_hash != run_policy.config_hash and rollout.spec_hash != written.spec_hash
     assert run_rollout.train["rollout_is_cap"] == TrainConfig.rollout_is_cap == 2.0
