@@ -22,10 +22,13 @@ a backend running other weights than the policy's (a wrong name mapping, a lossy
 layer that never loads) as soon as their effect on the probe's log-probs exceeds `bound`.
 What it cannot detect: a stale or wrong backend whose log-probs differ from the policy's by less
 than the kernels' own noise on this sequence (at a small learning rate that is every step until
-the policy has moved past that noise: then nothing is lost by sampling from it either); a defect
-in weights the probe sequence barely exercises (embedding rows of tokens it does not contain); a
-backend whose noise grew past `bound` during training (then it fails: a false failure we have not
-seen, README "Figures"). Every figure is per rank: ranks push and probe their own engines.
+the policy has moved past that noise, about 50 steps at 1e-6 in the calibration; the backend then
+samples within that noise of the policy); a wrong mapping between tensors that are alike (a
+gate/up swap in an untrained, randomly initialised model went unseen; in the trained checkpoint it
+is 27 x the bound); a defect in weights the probe sequence barely exercises (embedding rows of
+tokens it does not contain). A backend whose noise grew past `bound` during training fails: a
+false failure, not seen in 1,200 correct bfloat16 pushes (README "Figures"), where the noise grew
+by 1.5 x at most. Every figure is per rank: ranks push and probe their own engines.
 
 Pure Python and torch on CPU tensors: a script calls `gap_statistics` on any two sources' log-probs
 (`probe_logprobs` takes a model or a backend).
@@ -122,7 +125,7 @@ class ProbeLog:
     window: int = PROBE_WINDOW
     baseline: float | None = None
     probes: list[ProbeStats] = field(default_factory=list)
-    _earlier: deque = field(default_factory=deque, repr=False)  # (step, policy log-probs)
+    _earlier: deque = field(default_factory=deque, repr=False, compare=False)  # (step, policy log-probs)
 
     @property
     def noise(self) -> float:

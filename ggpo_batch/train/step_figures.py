@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -81,9 +82,9 @@ class StepFigures:
         mine = torch.cat(self.gaps) if self.gaps else torch.zeros(0)
         every: list[Any] = [None] * dist.get_world_size()
         dist.all_gather_object(every, mine)
-        gaps = torch.cat(every).double()
-        if gaps.numel():
-            self.gap_mean, self.gap_p99 = float(gaps.mean()), float(torch.quantile(gaps, 0.99))
+        gaps = torch.cat(every).double().numpy()
+        if gaps.size:  # numpy's quantile: torch's refuses more than 16M values (a large step's tokens)
+            self.gap_mean, self.gap_p99 = float(gaps.mean()), float(np.quantile(gaps, 0.99))
 
     def history_entry(self, step: int, *, world: int, branch: str, loop_seconds: float,
                       weight_sync_seconds: float | None, probe: dict[str, Any] | None) -> dict[str, Any]:

@@ -78,9 +78,12 @@ def missing_modules() -> list[str]:
 
 
 def start_distributed(cuda: bool) -> None:
-    """One rank: torchrun-style variables, NCCL on the GPU, gloo on the CPU."""
-    import deepspeed
+    """One rank: torchrun-style variables, NCCL on the GPU, gloo on the CPU (DeepSpeed imported as the
+    trainer imports it: on the CPU without its shared-memory op, whose JIT build's lock a killed run
+    leaves behind for every later one to wait on)."""
+    from ggpo_batch.train.deepspeed_import import import_deepspeed
 
+    deepspeed = import_deepspeed(cuda)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
     if "MASTER_PORT" not in os.environ:
         from ggpo_batch.netutil import free_port
