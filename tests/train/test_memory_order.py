@@ -8,11 +8,12 @@ import torch
 
 from ggpo_batch.train.memory_order import free_cached_blocks, update_then_refill
 from ggpo_batch.train.rollout import RolloutBackend
+from tests.support.memory_calls import RecordsMemoryCalls
 
 ORDER = ["sleep", "update", "free_cache", "wake_weights", "load", "wake_kv_cache"]
 
 
-class Recording(RolloutBackend):
+class Recording(RecordsMemoryCalls, RolloutBackend):
     """Writes down the memory calls it gets, in order."""
 
     def __init__(self, calls: list[str]) -> None:
@@ -23,15 +24,6 @@ class Recording(RolloutBackend):
 
     def sync_weights(self, weights):  # type: ignore[no-untyped-def]
         raise AssertionError("the push goes through `load`")
-
-    def sleep(self) -> None:
-        self.calls.append("sleep")
-
-    def wake_weights(self) -> None:
-        self.calls.append("wake_weights")
-
-    def wake_kv_cache(self) -> None:
-        self.calls.append("wake_kv_cache")
 
 
 def test_sleep_train_free_wake_weights_load_wake_kv_cache():

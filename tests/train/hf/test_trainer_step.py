@@ -14,9 +14,10 @@ pytestmark = [pytest.mark.train, pytest.mark.slow]  # a DeepSpeed engine and rea
 
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.rollout import TorchSampler
+from tests.support.memory_calls import RecordsMemoryCalls
 
 
-class Recording(TorchSampler):
+class Recording(RecordsMemoryCalls, TorchSampler):
     """The torch sampler over a behaviour copy, writing down every call the step makes."""
 
     def __init__(self, model, codec, calls):  # type: ignore[no-untyped-def]
@@ -34,15 +35,6 @@ class Recording(TorchSampler):
     def prompt_logprobs(self, tokens):  # type: ignore[no-untyped-def]
         self.calls.append("probe")
         return super().prompt_logprobs(tokens)
-
-    def sleep(self) -> None:
-        self.calls.append("sleep")
-
-    def wake_weights(self) -> None:
-        self.calls.append("wake_weights")
-
-    def wake_kv_cache(self) -> None:
-        self.calls.append("wake_kv_cache")
 
 
 def make_trainer(hf_spec, **train):  # type: ignore[no-untyped-def]
