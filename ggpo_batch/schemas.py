@@ -23,6 +23,9 @@ class Schema:
     description: str
     # Dotted paths (lists are transparent, `*` stands for any key) of the objects keyed by data.
     maps: tuple[str, ...] = ()
+    # Paths of fields that hold a document of another contract (the spec's `[train]` table, whose keys
+    # are the spec reference's): present in the shape, their contents not.
+    opaque: tuple[str, ...] = ()
 
 
 _ARM_FIGURES = ("arms", "arms.*.states", "totals.states")
@@ -37,13 +40,15 @@ SCHEMAS: dict[str, Schema] = {
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
                          ("components", "components.*.nights.metrics", "components.*.moved")),
-    "report": Schema(1, "ggpo-batch report NAME --json (or --format json)",
-                     "One experiment's outcome per arm with intervals, paired differences, cost; warnings first.",
-                     _REPORT_MAPS),
-    "report_comparison": Schema(1, "ggpo-batch report A B --json",
+    "report": Schema(2, "ggpo-batch report NAME --json (or --format json)",
+                     "One experiment's outcome per arm with intervals, paired differences, cost; warnings first. "
+                     "`train` is the spec's `[train]` table as the run specs hold it.",
+                     _REPORT_MAPS, ("train",)),
+    "report_comparison": Schema(2, "ggpo-batch report A B --json",
                                 "Two experiments (or versions) side by side.",
                                 ("arms", "paired_vs_baseline",
-                                 *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS))),
+                                 *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS)),
+                                ("a.train", "b.train")),
     "enqueue": Schema(1, "ggpo-batch enqueue SPEC --json", "The runs expanded from a spec, what was queued, the "
                       "cost estimate and the preflight's facts.", ("preflight",)),
     "cancel": Schema(1, "ggpo-batch cancel --json", "The runs cancelled and what each was before."),
@@ -61,10 +66,10 @@ SCHEMAS: dict[str, Schema] = {
                             "already there) and its GPU-hours."),
     "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
                             "notebook. Streamed: `schema` is on the first line."),
-    "dashboard_experiment": Schema(2, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(3, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
-                                    *(f"report.{p}" for p in _REPORT_MAPS))),
+                                    *(f"report.{p}" for p in _REPORT_MAPS)), ("report.train",)),
     "gc": Schema(1, "ggpo-batch gc --json", "What was (or, with --dry-run, would be) removed per finished run, "
                  "what was freed, the live runs left alone."),
     "dashboard_run": Schema(3, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
@@ -95,23 +100,26 @@ def stream_head(kind: str) -> str:
 def key_paths(kind: str, document: Any) -> set[str]:
     """The shape of `document`: the dotted path of every field (lists transparent, the keys of the
     kind's data-keyed maps folded to `*`)."""
-    maps = {tuple(m.split(".")) for m in SCHEMAS[kind].maps}
-    return set(_paths(document, (), maps))
+    schema = SCHEMAS[kind]
+    maps = {tuple(m.split(".")) for m in schema.maps}
+    opaque = {tuple(m.split(".")) for m in schema.opaque}
+    return set(_paths(document, (), maps, opaque))
 
 
-def _paths(value: Any, where: tuple[str, ...], maps: set[tuple[str, ...]]) -> Iterator[str]:
+def _paths(value: Any, where: tuple[str, ...], maps: set[tuple[str, ...]],
+           opaque: set[tuple[str, ...]]) -> Iterator[str]:
     if isinstance(value, list):
         for item in value:
-            yield from _paths(item, where, maps)
+            yield from _paths(item, where, maps, opaque)
         return
-    if not isinstance(value, dict):
+    if not isinstance(value, dict) or where in opaque:
         return
     keyed_by_data = any(_matches(where, m) for m in maps)
     for key, item in value.items():
         step = "*" if keyed_by_data else str(key)
         path = (*where, step)
         yield ".".join(path)
-        yield from _paths(item, path, maps)
+        yield from _paths(item, path, maps, opaque)
 
 
 def _matches(where: tuple[str, ...], pattern: tuple[str, ...]) -> bool:

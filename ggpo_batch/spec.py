@@ -255,11 +255,16 @@ def _arm(p: str, name: str, table: Any) -> ArmSpec:
 
 
 def _validate_train(p: str, table: Mapping[str, Any]) -> dict[str, Any]:
-    """The validated `[train]` table, its model and data paths made absolute (from the spec's folder)."""
-    from .train.config import TrainConfig, resolve_paths  # imports without torch
+    """The validated `[train]` table, its model and data paths made absolute (from the spec's folder)
+    and the defaults that decide what a run computes written out (train/config.py `resolve_defaults`)."""
+    from .train.config import (  # imports without torch
+        TrainConfig,
+        resolve_defaults,
+        resolve_paths,
+    )
 
     TrainConfig.from_table(table, p)
-    return resolve_paths(table, Path(p).resolve().parent)
+    return resolve_defaults(resolve_paths(table, Path(p).resolve().parent))
 
 
 def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:

@@ -20,8 +20,9 @@ was built from:
    (retrieved passage) or padding position is reported as such, so is a generated token missing
    from the mask; no tool delimiter is ever under the mask;
 4. weight sync: after every push of the policy's weights into the rollout backend, the backend's
-   log-probs of a fixed sequence matched the policy's (train/weight_sync.py): rollouts came from
-   the weights they are credited to, not from a stale copy.
+   log-probs of a fixed sequence matched the policy's within the kernels' noise and were not nearer
+   to an earlier policy's (train/probe.py): rollouts came from the weights they are credited to,
+   not from a stale copy.
 
 TRAINING_STATUS_VALIDATED (ggpo_batch.run_record) may be written only when no rank finds a problem;
 otherwise the record says TRAINING_STATUS_AUDIT_FAILED and the details file lists every problem.
@@ -40,7 +41,7 @@ from .codec import ByteCodec, Codec
 from .task import Item, score
 
 if TYPE_CHECKING:
-    from .weight_sync import ProbeLog
+    from .probe import ProbeLog
 
 # What `audit` checks, as the details file lists it.
 CHECKS = (
@@ -50,8 +51,8 @@ CHECKS = (
     ("mask: each loss row masks exactly the generated-token positions the rollout backend reported for its "
      "trajectory, and holds the backend's tokens there after its item's re-rendered prompt"),
     "mask: no prompt, tool-output (retrieved passage), tool-delimiter or padding token carries loss",
-    ("weight sync: after each push into the rollout backend, its log-probs of a fixed sequence equal the "
-     "policy's within the probe's tolerance"),
+    ("weight sync: after each push into the rollout backend, its log-probs of a fixed sequence are within the "
+     "kernels' noise of the policy's (mean gap), and not nearer to an earlier policy (train/probe.py)"),
 )
 REWARD_TOL = 1e-6
 ADVANTAGE_TOL = 1e-5
@@ -98,7 +99,7 @@ class AuditResult:
 
     def details(self) -> dict[str, Any]:
         """The audit's section of the details file: what was checked, how much, and every problem."""
-        from .weight_sync import merged_details
+        from .probe import merged_details
 
         return {"ok": self.ok, "checked": list(CHECKS), "steps_checked": self.steps_checked,
                 "trajectories_checked": self.trajectories_checked, "rows_checked": self.rows_checked,

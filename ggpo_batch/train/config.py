@@ -25,6 +25,7 @@ RENAMED_KEYS = {"micro_batch_rows": "micro_batch_size"}
 BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
 DATA_KEYS = ("train", "eval", "passages")
 MAX_MODEL_LEN_RANGE = (16, 1 << 20)  # tokens; left out of a spec, the model's own (spec_defaults.py)
+OLD_LOGPROBS = ("policy", "rollout")
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,11 @@ class TrainConfig(GgpoConfig):
     logprob_chunk_tokens: int = 1024
     logprob_chunk_vocab: int = 8192
     grad_clip: float = 1.0
+    # PPO's "old" log-probs (train/ggpo.py): "policy" recomputes them with the policy before the update,
+    # no grad (verl); "rollout" uses the engine's, through a truncated importance-sampling weight
+    # min(exp(policy - rollout), rollout_is_cap) per token (TRL's vllm_importance_sampling_correction).
+    old_logprobs: str = "policy"
+    rollout_is_cap: float = 2.0
     aux_coef: float = 1.0
     max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training
     checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
@@ -206,6 +212,8 @@ class TrainConfig(GgpoConfig):
                                     "checkpoint's config decides")
             if values.get("precision", "auto") != "auto":
                 raise SpecError(path, "train.precision", "with [train.model] the precision is train.model.dtype")
+        if "rollout_is_cap" in values and values.get("old_logprobs", cls.old_logprobs) != "rollout":
+            raise SpecError(path, "train.rollout_is_cap", "applies to train.old_logprobs = \"rollout\" only")
         cfg = cls(**values)
         cfg._validate(path)
         return cfg
@@ -219,6 +227,8 @@ class TrainConfig(GgpoConfig):
         if self.model is not None:
             for key in BUILTIN_MODEL_KEYS:
                 del table[key]
+        if self.old_logprobs != "rollout":
+            del table["rollout_is_cap"]
         return table
 
     @property
@@ -266,6 +276,11 @@ class TrainConfig(GgpoConfig):
             bad("tensor_parallel_size", f"must be 1, 2, 4 or 8 (GPUs of one node), got {self.tensor_parallel_size}")
         if self.tensor_parallel_size > 1 and self.rollout != "vllm":
             bad("tensor_parallel_size", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it at 1")
+        if self.old_logprobs not in OLD_LOGPROBS:
+            bad("old_logprobs", f"must be one of {', '.join(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
+        if not 1.0 <= self.rollout_is_cap <= 1e6:
+            bad("rollout_is_cap", f"must be in [1, 1e6] (a cap below 1 would down-weight every token), got "
+                                  f"{self.rollout_is_cap}")
         if self.precision not in PRECISIONS:
             bad("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.model is None:
@@ -275,6 +290,17 @@ class TrainConfig(GgpoConfig):
             if need > self.n_positions:
                 bad("n_positions",
                     f"{self.n_positions} is too small for max_turns/max_new_tokens/retrieval (needs ~{need})")
+
+
+def resolve_defaults(table: Mapping[str, Any]) -> dict[str, Any]:
+    """The `[train]` table with the defaults that decide what a run computes written out (an omitted
+    `old_logprobs` is "policy"; with "rollout", an omitted `rollout_is_cap` its default), so that the
+    run spec's config hash says which was used and a later change of default cannot hide in it."""
+    out = dict(table)
+    out.setdefault("old_logprobs", TrainConfig.old_logprobs)
+    if out["old_logprobs"] == "rollout":
+        out.setdefault("rollout_is_cap", TrainConfig.rollout_is_cap)
+    return out
 
 
 def _coerce(value: Any, default: Any, path: str, key: str) -> Any:

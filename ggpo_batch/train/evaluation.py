@@ -85,7 +85,6 @@ def _roll_out(trainer: Trainer, items: list[Item], samples: int, temperature: fl
     cfg = trainer.cfg
     # The policy's own prompt (the byte vocabulary, or a checkpoint's chat template) and protocol.
     trajs = [start(it, EVAL_TEMPLATE, trainer.codec.prompt(EVAL_TEMPLATE, it)) for it in items for _ in range(samples)]
-    trainer.backend.wake()
     run_episodes(trajs, trainer.backend, trainer.retriever, max_turns=cfg.max_turns,
                  max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.retrieval_top_k,
                  passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed + 17 + trainer.rank,

@@ -132,13 +132,12 @@ def load_model(folder: Path, *, dtype: str, attn_implementation: str, gradient_c
     return model
 
 
-def export(model: Any, weights: Mapping[str, Any], folder: Path, tokenizer: Any | None, dtype: str) -> str:
-    """Write `weights` (full tensors) as a Hugging Face directory `from_pretrained` loads: config,
-    generation config, safetensors, tokenizer. Returns the sha256 over its files (name and bytes)."""
-    import torch
-
+def export(model: Any, weights: Mapping[str, Any], folder: Path, tokenizer: Any | None) -> str:
+    """Write `weights` (full host tensors, written in their own dtype) as a Hugging Face directory
+    `from_pretrained` loads: config, generation config, safetensors, tokenizer. Returns the sha256
+    over its files (name and bytes)."""
     folder.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to(getattr(torch, dtype)).contiguous().clone() for k, v in weights.items()}
+    state = {k: v.detach().contiguous() for k, v in weights.items()}
     config = model.config
     config.use_cache = True
     model.save_pretrained(str(folder), state_dict=state, safe_serialization=True)

@@ -22,7 +22,6 @@ each allocation on its own attempt (the details' `allocation_elapsed_seconds`).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -60,7 +59,8 @@ log = logging.getLogger(__name__)
 # Seconds between two heartbeats (and MLflow writes) at most; every step in between is still logged.
 HEARTBEAT_EVERY_SECONDS = 5.0
 # Step figures kept in MLflow from the history entry of each step.
-_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds")
+_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds",
+                 "logprob_gap_mean", "logprob_gap_p99", "clip_fraction", "kl")
 
 
 class Preempted(GgpoError):
@@ -313,8 +313,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
                     raise Preempted(f"checkpointed at step {trainer.state.step} in {ckpt}; rerun to resume")
             if progress is not None:
                 progress.beat(trainer.state)
-            weights, policy_sha256 = trainer.export(policy_dir(output))
-            digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
+            digest, policy_sha256 = trainer.export(policy_dir(output))
             rank_digests: list[str | None] = [None] * world
             dist.all_gather_object(rank_digests, digest)  # the ranks must hold the same policy
             training_seconds = earlier_seconds + time.time() - t0

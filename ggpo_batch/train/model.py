@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -59,7 +60,17 @@ def named_full_parameters(module: torch.nn.Module, zero_stage: int) -> Iterator[
 
 
 def full_state_dict(module: torch.nn.Module, zero_stage: int) -> dict[str, torch.Tensor]:
+    """Every parameter as a float32 host copy (tests compare weights with it; the export does not)."""
     return {n: t.float().cpu().clone() for n, t in named_full_parameters(module, zero_stage)}
+
+
+def update_digest(digest: Any, name: str, tensor: torch.Tensor) -> None:
+    """Feed one tensor into `digest` (a hashlib object): its name, dtype and shape, then its bytes as
+    they are held (no conversion), read in place from a host tensor: nothing the size of the model is
+    built, only the one tensor's host copy when it lives on a GPU."""
+    host = tensor.detach().cpu().contiguous()
+    digest.update(f"{name}\0{str(host.dtype).removeprefix('torch.')}\0{tuple(host.shape)}\0".encode())
+    digest.update(host.reshape(-1).view(torch.uint8).numpy())
 
 
 def logprobs_of(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -71,8 +71,11 @@ class RolloutBackend(abc.ABC):
     def sleep(self) -> None:
         """Free accelerator memory during the update (vLLM); no-op where nothing is held."""
 
-    def wake(self) -> None:
-        """Undo `sleep` before the next rollouts."""
+    def wake_weights(self) -> None:
+        """Take the weights' memory back after `sleep`, before the push rewrites them."""
+
+    def wake_kv_cache(self) -> None:
+        """Take the KV cache's memory back after the push: the backend can generate again."""
 
     def close(self) -> None:
         """Release the backend."""

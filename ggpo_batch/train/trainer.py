@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import hashlib
 import logging
 import time
 from collections.abc import Iterator
@@ -28,14 +29,15 @@ from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .deepspeed_import import import_deepspeed
 from .environment import GENERATED, Trajectory, run_episodes, start
-from .ggpo import ggpo_loss, group_advantages
+from .ggpo import ggpo_loss, group_advantages, truncated_is_weights
 from .logprobs import Chunks, masked_logprobs
-from .model import full_state_dict, initial_policy
+from .memory_order import free_cached_blocks, update_then_refill
+from .model import initial_policy, named_full_parameters, update_digest
 from .reference import Reference, zero3_settings
 from .retrieval import Retriever
+from .step_figures import StepFigures
 from .task import is_clean_answer, load, normalize
-from .weight_sync import PROBE_TOLERANCE, WeightSync, probe_sequence
-
+from .weight_sync import WeightSync, probe_sequence
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,7 @@ log = logging.getLogger(__name__)
 COUNTS = tuple(k for k in COUNT_KEYS if k != "steps")
 COSTS = COST_KEYS + AUX_COST_KEYS
 AUX = AUX_SOURCE_KEYS
+PROBE_ITEMS = 8  # training items whose prompt and answer make the weight-sync probe's sequence
 
 
 class Trainer:
@@ -101,8 +104,9 @@ class Trainer:
                                     **vllm_options, tensor_parallel_size=cfg.tensor_parallel_size)
         # Each push into a behaviour copy is checked by a log-prob probe (train/weight_sync.py).
         self.weight_sync = None if self.shares_policy else WeightSync(
-            self.engine.module, cfg.zero_stage, self.backend, probe_sequence(self.codec, self.data.train[0]),
-            PROBE_TOLERANCE["bfloat16" if bf16 else "float16" if fp16 else "float32"], device)
+            self.engine.module, cfg.zero_stage, self.backend, probe_sequence(self.codec, self.data.train[:PROBE_ITEMS]),
+            "bfloat16" if bf16 else "float16" if fp16 else "float32", device)
+        self.free_cache = free_cached_blocks(device)
         self.state = LoopState()
         self.evidence: list[StepEvidence] = []
 
@@ -174,14 +178,47 @@ class Trainer:
 
     def step(self) -> bool:
         """One batch: rollouts, advantages, one update. Returns True when the loop must stop."""
-        st, cfg, tally = self.state, self.cfg, self.state.tally
+        st, cfg = self.state, self.cfg
         t0 = time.perf_counter()
         groups = self.curriculum.step_groups(st.step)[self.rank :: self.world]
-        self.backend.wake()
         trajs = self._rollouts(groups, st.step)
-        self.backend.sleep()
         rewards = torch.tensor([[t.reward for t in ts] for ts in trajs], dtype=torch.float32)
         adv = group_advantages(rewards, self.gcfg.advantage_eps)
+        self._tally_rollouts(groups, trajs, adv)
+        aux = self._aux_examples(groups, trajs) if self.spec.arm.auxiliary_answer_loss else []
+        batch, row_adv, evidence = loss_batch(st.step, self.rank, trajs, rewards, adv, self.gcfg.advantage_eps,
+                                              self.codec.pad_id)
+        self.evidence.append(evidence)
+        if evidence.row_trajectories != [None]:
+            st.tally["rl_sequence_nonpadding_tokens"] += int(batch[1].sum())
+            st.tally["rl_sequence_padded_tokens"] += batch[0].numel()
+        figures = StepFigures.local(rewards, adv, trajs, len(groups))
+        ended: list[float] = []
+
+        def update() -> None:
+            self._update(batch, row_adv, aux, figures)
+            figures.reduce(self.device, time.perf_counter() - t0)  # the step's loop time ends here
+            ended.append(time.perf_counter())
+
+        # Sleep, train, free torch's cache, wake the engine's weights, push, wake its KV cache
+        # (train/memory_order.py); the post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
+        update_then_refill(self.backend, update, self.weight_sync.load if self.weight_sync is not None else None,
+                           self.free_cache)
+        sync_seconds = time.perf_counter() - ended[0] if self.weight_sync is not None else None
+        probe = self.weight_sync.probe(st.step) if self.weight_sync is not None else None
+        st.loop_seconds += figures.step_seconds
+        st.last_batch_seconds = figures.step_seconds
+        st.history.append(figures.history_entry(
+            st.step, world=self.world, branch=f"deepspeed_zero{cfg.zero_stage}", loop_seconds=st.loop_seconds,
+            weight_sync_seconds=sync_seconds, probe=probe.as_dict() if probe is not None else None))
+        st.step += 1
+        if self.rank == 0:
+            log.info("step %d loss %.4f retained %d loop %.2fs", st.step, st.history[-1]["loss"],
+                     st.history[-1]["retained_groups"], st.loop_seconds)
+        return self.loop_done()
+
+    def _tally_rollouts(self, groups: list[GroupSpec], trajs: list[list[Trajectory]], adv: Any) -> None:
+        st, tally = self.state, self.state.tally
         for gi, (g, ts) in enumerate(zip(groups, trajs)):
             keep = bool(adv.retained[gi])
             for t in ts:
@@ -199,83 +236,73 @@ class Trainer:
                 tally["actual_exposed"] += len(g.parts)
                 tally["exposed_with_nonzero_advantage"] += len(g.parts) * int(keep)
                 st.exposed_items.update(item.item_id for item, _ in g.parts)
-        aux = self._aux_examples(groups, trajs) if self.spec.arm.auxiliary_answer_loss else []
-        (ids, attn, mask, blp), row_adv, evidence = loss_batch(st.step, self.rank, trajs, rewards, adv,
-                                                               self.gcfg.advantage_eps, self.codec.pad_id)
-        self.evidence.append(evidence)
-        ids, attn, mask = ids.to(self.device), attn.to(self.device), mask.to(self.device)
-        if evidence.row_trajectories != [None]:
-            tally["rl_sequence_nonpadding_tokens"] += int(attn.sum())
-            tally["rl_sequence_padded_tokens"] += ids.numel()
-        adv_t, blp = torch.tensor(row_adv, device=self.device), blp[:, 1:].to(self.device)
-        total = mask.sum().clamp(min=1)
-        aux_loss = None
-        loss = torch.zeros((), device=self.device)
-        # The rank's rows in `micro_batches` forward/backward passes (DeepSpeed accumulates them; the
-        # optimizer steps after the last). Each part is its tokens' share of the rank's token mean, so
-        # the parts sum to the loss of one whole-batch pass. Every rank runs the same number of passes
-        # (ZeRO's collectives pair them): a pass with no rows left runs a 2-token zero-loss filler.
-        per = ids.shape[0] if self.micro_batches == 1 else cfg.micro_batch_size
-        ref = self.reference
+
+    def _passes(self, ids: torch.Tensor, attn: torch.Tensor,
+                mask: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The rank's rows in `micro_batches` forward passes: (rows, ids, attention, loss mask) each.
+        Every rank runs the same number of passes (ZeRO's collectives pair them): a pass with no rows
+        left is a 2-token filler with an empty mask."""
+        per = ids.shape[0] if self.micro_batches == 1 else self.cfg.micro_batch_size
         for j in range(self.micro_batches):
             rows = slice(j * per, (j + 1) * per)
-            m = mask[rows]
-            if m.shape[0] == 0:
-                rows, m = slice(0, 1), torch.zeros_like(mask[:1, :1])
-                part_ids, part_attn = ids[:1, :2], attn[:1, :2]
+            if mask[rows].shape[0] == 0:
+                yield slice(0, 1), ids[:1, :2], attn[:1, :2], torch.zeros_like(mask[:1, :1])
             else:
-                part_ids, part_attn = ids[rows], attn[rows]
+                yield rows, ids[rows], attn[rows], mask[rows]
+
+    def _policy_logprobs(self, part_ids: torch.Tensor, part_attn: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return masked_logprobs(self.engine, self.engine.module, part_ids, part_attn, m, self.cfg.temperature,
+                               self.codec, self.chunks)
+
+    def _old_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor] | None:
+        """old_logprobs = "policy": the policy's log-probs of every pass's targets before the update, no
+        grad (verl's recompute), one tensor per pass; None with "rollout" (the update's own forward, detached,
+        gives them: one optimizer step per batch, so its weights are still the pre-update ones)."""
+        if self.cfg.old_logprobs != "policy":
+            return None
+        with torch.no_grad():
+            return [self._policy_logprobs(i, a, m) for _, i, a, m in self._passes(ids, attn, mask)]
+
+    def _update(self, batch: tuple[torch.Tensor, ...], row_adv: list[float],
+                aux: list[tuple[list[int], int]], figures: StepFigures) -> None:
+        """The step's one optimizer update over the rank's rows in `micro_batches` forward/backward passes
+        (DeepSpeed accumulates them; the optimizer steps after the last). Each part is its tokens' share of
+        the rank's token mean, so the parts sum to the loss of one whole-batch pass."""
+        cfg, tally = self.cfg, self.state.tally
+        ids, attn, mask, blp = (t.to(self.device) for t in batch)
+        adv_t, blp = torch.tensor(row_adv, device=self.device), blp[:, 1:]
+        total = mask.sum().clamp(min=1)
+        ref = self.reference
+        old = self._old_logprobs(ids, attn, mask)
+        passes = list(self._passes(ids, attn, mask))
+        for j, (rows, part_ids, part_attn, m) in enumerate(passes):
             # Log-probs of the masked targets only, in chunks (train/logprobs.py), 0 elsewhere: targets
             # outside the mask may be tool delimiters, impossible (-inf) under the policy.
-            logp = masked_logprobs(self.engine, self.engine.module, part_ids, part_attn, m, cfg.temperature,
-                                   self.codec, self.chunks)
+            logp = self._policy_logprobs(part_ids, part_attn, m)
             with torch.no_grad():
                 ref_logp = masked_logprobs(ref.call, ref.module, part_ids, part_attn, m, cfg.temperature, self.codec,
                                            self.chunks)
-            part, stats = ggpo_loss(logp, blp[rows, : m.shape[1]], ref_logp, adv_t[rows], m, self.gcfg)
+            rollout = blp[rows, : m.shape[1]]
+            policy_old = old[j] if old is not None else logp.detach()
+            weights = (truncated_is_weights(policy_old, rollout, m, cfg.rollout_is_cap)
+                       if cfg.old_logprobs == "rollout" else None)
+            part, stats = ggpo_loss(logp, policy_old, ref_logp, adv_t[rows], m, self.gcfg, is_weights=weights)
+            figures.add_pass(stats, rollout, policy_old, m, weights, cfg.rollout_is_cap)
             part = part * (m.sum() / total)
             tally["rl_loss_tokens"] += stats.loss_tokens
             tally["nonzero_advantage_tokens"] += stats.nonzero_advantage_tokens
-            if j == self.micro_batches - 1 and self.spec.arm.auxiliary_answer_loss:
+            if j == len(passes) - 1 and self.spec.arm.auxiliary_answer_loss:
                 aux_loss = self._aux_loss(aux)
                 if aux_loss is not None:
                     part = part + cfg.aux_coef * aux_loss
             self.engine.backward(part, scale_wrt_gas=False)
             self.engine.step()
-            loss = loss + part.detach()
+            figures.loss += float(part.detach())
         grad_norm = self.engine.get_global_grad_norm()
-        gen_tokens = sum(t.generated_tokens for ts in trajs for t in ts)
-        gaps = float((rewards.max(1).values - rewards.min(1).values)[adv.retained].sum())
-        # One reduction carries the step's figures and the rank's loop time (ranks stop together).
-        step_seconds = time.perf_counter() - t0
-        red = torch.tensor([float(loss.detach()), adv.retained_groups, gaps, gen_tokens,
-                            sum(len(ts) for ts in trajs), len(groups), step_seconds], dtype=torch.float64,
-                           device=self.device)
-        dist.all_reduce(red[:6], op=dist.ReduceOp.SUM)
-        mx = red[6:].clone()
-        dist.all_reduce(mx, op=dist.ReduceOp.MAX)
-        step_seconds = float(mx[0])
-        st.loop_seconds += step_seconds
-        st.last_batch_seconds = step_seconds
-        refreshed = (st.step + 1) % self.gcfg.reference_refresh_steps == 0
-        # Post-update sync is outside the loop budget (seed BUDGET_LIMITATION).
-        sync_seconds = self.weight_sync.push(st.step) if self.weight_sync is not None else None
-        if refreshed:
+        figures.gradient_norm = float(grad_norm) if grad_norm is not None else None
+        figures.reference_refreshed = (self.state.step + 1) % self.gcfg.reference_refresh_steps == 0
+        if figures.reference_refreshed:
             self.reference.refresh(self.engine.module)
-        retained = int(red[1])
-        st.history.append({
-            "step": st.step, "loss": float(red[0]) / self.world,
-            "gradient_norm": float(grad_norm) if grad_norm is not None else None,
-            "retained_groups": retained, "rejected_groups": int(red[5]) - retained, "raw_gap": float(red[2]) / retained if retained else 0.0,
-            "mean_length": float(red[3]) / max(1.0, float(red[4])), "reference_refreshed": refreshed,
-            "branch": f"deepspeed_zero{cfg.zero_stage}", "loop_seconds": st.loop_seconds,
-            "weight_sync_seconds": sync_seconds,
-        })
-        st.step += 1
-        if self.rank == 0:
-            log.info("step %d loss %.4f retained %d loop %.2fs", st.step, st.history[-1]["loss"], retained,
-                     st.loop_seconds)
-        return self.loop_done()
 
     # ---- phases after the loop ------------------------------------------------------------------
     def run_audit(self) -> AuditResult:
@@ -358,19 +385,25 @@ class Trainer:
         st = self.state
         return st.loop_seconds >= self.budget_seconds or bool(self.cfg.max_steps and st.step >= self.cfg.max_steps)
 
-    def export(self, folder: Path) -> tuple[dict[str, torch.Tensor], str | None]:
-        """The final policy (collective: every rank gathers the weights). Rank 0 writes it to `folder`
-        as a Hugging Face directory that `from_pretrained` loads (config, safetensors, and the
-        checkpoint's tokenizer) and returns its sha256 with the weights; other ranks return None."""
-        weights = full_state_dict(self.engine.module, self.cfg.zero_stage)
-        digest = None
-        if self.rank == 0:
-            from .hf import export
+    def export(self, folder: Path) -> tuple[str, str | None]:
+        """The final policy, in the training dtype (collective under ZeRO-3: every rank gathers each tensor
+        in turn). Every rank returns the sha256 of the weights it holds, hashed tensor by tensor as they
+        stream (`model.update_digest`; the ranks' must agree); rank 0 alone keeps them (one host copy)
+        and writes a Hugging Face directory `from_pretrained` loads (config, safetensors, the checkpoint's
+        tokenizer), returning its sha256 too; other ranks return None for it."""
+        from .hf import export
 
-            tokenizer = getattr(self.codec, "tokenizer", None)
-            dtype = self.cfg.model.dtype if self.cfg.model is not None else "float32"
-            digest = export(self.engine.module, weights, folder, tokenizer, dtype)
-        return weights, digest
+        digest = hashlib.sha256()
+        kept: dict[str, torch.Tensor] | None = {} if self.rank == 0 else None
+        for name, tensor in named_full_parameters(self.engine.module, self.cfg.zero_stage):
+            host = tensor.detach().cpu()
+            update_digest(digest, name, host)
+            if kept is not None:
+                kept[name] = host
+        policy_sha256 = None
+        if kept is not None:
+            policy_sha256 = export(self.engine.module, kept, folder, getattr(self.codec, "tokenizer", None))
+        return digest.hexdigest(), policy_sha256
 
     def close(self) -> None:
         self.backend.close()

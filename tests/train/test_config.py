@@ -37,6 +37,9 @@ def test_values_are_parsed_and_ints_widen_to_floats():
     ({"data": {"train": "t.jsonl", "eval": "e.jsonl"}}, "train.data.passages", "required"),
     ({"data": {"train": "t", "eval": "e", "passages": "p", "dev": "d"}}, "train.data.dev", "unknown key"),
     ({"max_new_tokens": 400}, "train.n_positions", "too small"),
+    ({"old_logprobs": "engine"}, "train.old_logprobs", "policy, rollout"),
+    ({"rollout_is_cap": 3.0}, "train.rollout_is_cap", "old_logprobs = \"rollout\" only"),
+    ({"old_logprobs": "rollout", "rollout_is_cap": 0.5}, "train.rollout_is_cap", "[1, 1e6]"),
 ])
 def test_bad_input_names_file_and_field(table, field, words):
     with pytest.raises(SpecError) as err:
@@ -91,3 +94,26 @@ passages = "/abs/p.jsonl"
     # A hub id that is no folder next to the spec stays a hub id (resolved from the local HF cache).
     spec.write_text(spec.read_text().replace("../models/m", "Qwen/Qwen3-1.7B"))
     assert load_spec(spec).train["model"]["path"] == "Qwen/Qwen3-1.7B"
+
+
+def test_old_logprobs_is_resolved_into_the_run_spec_and_its_hash(tmp_path):
+    """The default of `[train] old_logprobs` is written into the run spec: a spec that leaves it out hashes
+    like one that writes "policy", and unlike one that writes "rollout" (whose cap is written out too)."""
+    from ggpo_batch.spec import load_spec
+
+    def run_spec(train: str):  # type: ignore[no-untyped-def]
+        path = tmp_path / "x.toml"
+        path.write_text(f"[experiment]\nname = \"x\"\nmethod = \"ggpo\"\nseeds = [1]\n[train]\n{train}\n[arms.clean]\n")
+        spec = load_spec(path)
+        return spec, spec.expand(1)[0]
+
+    omitted, run = run_spec("")
+    assert omitted.train == {"old_logprobs": "policy"} and run.train["old_logprobs"] == "policy"
+    written, run_policy = run_spec('old_logprobs = "policy"')
+    rollout, run_rollout = run_spec('old_logprobs = "rollout"')
+    _, run_capped = run_spec('old_logprobs = "rollout"\nrollout_is_cap = 2.0')
+    assert run.config_hash == run_policy.config_hash and omitted.spec_hash == written.spec_hash
+    assert run_rollout.config_hash != run_policy.config_hash and rollout.spec_hash != written.spec_hash
+    assert run_rollout.train["rollout_is_cap"] == TrainConfig.rollout_is_cap == 2.0
+    assert run_capped.config_hash == run_rollout.config_hash
+    assert TrainConfig.from_table(run_rollout.train, "x").old_logprobs == "rollout"

@@ -65,6 +65,11 @@ def test_counts_reconcile_with_the_arm(zero2_runs, arms, arm):
     assert len(details["history"]) == c["steps"]
     for h in details["history"]:
         assert math.isfinite(h["loss"]) and math.isfinite(h["gradient_norm"]), h
+        # The step's health figures (old_logprobs = "policy", the torch sampler being the policy itself):
+        # no mismatch, so the ratio is 1 and nothing clips; no push, so no probe.
+        assert 0 <= h["mean_reward"] <= 1 and h["kl"] >= 0 and h["clip_fraction"] == 0.0, h
+        assert 0 <= h["logprob_gap_mean"] <= h["logprob_gap_p99"] < 1e-4, h
+        assert h["is_weight_mean"] is None and h["weight_sync_probe"] is None
     assert set(details["history"][0]) >= {"loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length",
                                           "reference_refreshed"}
     a = arms[arm]

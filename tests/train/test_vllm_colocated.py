@@ -99,7 +99,8 @@ def test_a_push_that_skips_a_layer_fails_the_probe_and_the_audit(tmp_path, spec_
     assert rec["training"]["status"] == TRAINING_STATUS_AUDIT_FAILED
     probe = details["audit"]["weight_sync_probe"]
     assert probe["checked"] and probe["passed"] is False and probe["failed_steps"] == [0, 1]
-    assert probe["largest_difference"] > probe["tolerance"]
+    assert probe["largest_gap"] > probe["bound"]
+    assert [h["weight_sync_probe"]["passed"] for h in details["history"]] == [False, False]
     assert any("weight-sync probe after step 0" in p for p in details["audit"]["problems"])
 
 
@@ -133,5 +134,5 @@ def test_zero3_run_of_the_builtin_model_serves_and_pushes_the_gathered_weights(t
     details = json.loads(details_of(out).read_text())
     assert rec["training"]["status"] == TRAINING_STATUS_VALIDATED, details["audit"]["problems"]
     probe = details["audit"]["weight_sync_probe"]
-    assert probe["passed"] and probe["steps_checked"] == 2 and probe["largest_difference"] < 1e-4
+    assert probe["passed"] and probe["steps_checked"] == 2 and probe["largest_gap"] < 1e-5
     assert [h["weight_sync_seconds"] > 0 for h in details["history"]] == [True, True]

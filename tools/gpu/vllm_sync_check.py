@@ -12,6 +12,7 @@ import time
 import torch
 
 from ggpo_batch.train.config import TrainConfig
+from ggpo_batch.train.memory_order import free_cached_blocks, update_then_refill
 from ggpo_batch.train.model import build_model, logprobs_of
 from ggpo_batch.train.tokenizer import encode
 from ggpo_batch.train.vllm_backend import VllmBackend
@@ -42,8 +43,10 @@ def main() -> int:
     n_tok = sum(len(g.tokens) for g in before)
     print(f"sampled {n_tok} tokens in {time.time() - t:.2f}s ({n_tok / (time.time() - t):.0f} tokens/s)")
     g_before = gap(old, prompts, before)
-    backend.sleep()  # as during a DeepSpeed update
-    backend.sync_weights({k: v.detach() for k, v in new.named_parameters()})
+    # as around a DeepSpeed update (train/memory_order.py): sleep, free torch's cache, wake, push, wake
+    update_then_refill(backend, lambda: None, lambda: backend.sync_weights({k: v.detach() for k, v in
+                                                                            new.named_parameters()}),
+                       free_cached_blocks(torch.device("cuda")))
     after = backend.generate(prompts, 32, 1.0, seed=1)
     g_new, g_old = gap(new, prompts, after), gap(old, prompts, after)
     print(f"logprob gap to the served policy before sync: {g_before:.4f}")

@@ -147,7 +147,7 @@ def test_training_evaluation_and_probe_prompts_carry_the_kwargs(one_rank, hf_spe
         assert text and all(CLOSED_EMPTY_THINK in t for t in text)
         item = trainer.data.heldout[0]
         assert tok.decode(trainer.codec.prompt(EVAL_TEMPLATE, item)).endswith(CLOSED_EMPTY_THINK)
-        probe = tok.decode(probe_sequence(trainer.codec, trainer.data.train[0], limit=10_000))
+        probe = tok.decode(probe_sequence(trainer.codec, trainer.data.train[:1], limit=10_000))
         assert CLOSED_EMPTY_THINK in probe
     finally:
         trainer.close()

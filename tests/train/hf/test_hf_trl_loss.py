@@ -9,7 +9,11 @@ The TRL options that correspond to ggpo (ggpo_batch/train/ggpo.py):
   importance_sampling_level="token"   rho per token, against old_per_token_logps (our behaviour log-probs)
   beta (kl_coef)                 beta x k3: exp(ref - logp) - (ref - logp) - 1
   use_bias_correction_kl=False   TRL 1.16 defaults to multiplying the KL term by rho; ggpo does not
-  top_entropy_quantile=1.0, off_policy_mask_threshold=None, no vLLM importance-sampling correction
+  top_entropy_quantile=1.0, off_policy_mask_threshold=None
+  vllm_importance_sampling_correction, mode "token_truncate", clip_max C: `[train] old_logprobs =
+                                 "rollout"` with rollout_is_cap C (TRL's "old" log-probs are then the
+                                 policy's own, its vLLM log-probs only enter the truncated weight); the
+                                 default old_logprobs = "policy" is TRL without that correction
   tool_mask                      TRL's mask of tool-output tokens inside a completion: ggpo's loss mask
                                  (prompt, tool output and padding carry no loss)
   temperature                    both divide the logits by it before the log-softmax
@@ -26,14 +30,15 @@ trl = pytest.importorskip("trl")
 pytest.importorskip("datasets")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # TRL's trainer set up beside ours: 7 s
 
-from ggpo_batch.train.ggpo import ggpo_loss
+from ggpo_batch.train.ggpo import ggpo_loss, truncated_is_weights
 from ggpo_batch.train.ggpo_config import GgpoConfig
 from ggpo_batch.train.model import policy_token_logprobs
 
-G, EPS, BETA, TEMPERATURE = 4, 0.2, 0.05, 0.9
+G, EPS, BETA, TEMPERATURE, CAP = 4, 0.2, 0.05, 0.9, 1.2
 
 
-def test_ggpo_loss_equals_trl_grpo_loss_on_one_batch(tmp_path, tiny_hf):  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("importance_sampling", [False, True])
+def test_ggpo_loss_equals_trl_grpo_loss_on_one_batch(tmp_path, tiny_hf, importance_sampling):  # type: ignore[no-untyped-def]
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
@@ -84,6 +89,17 @@ def test_ggpo_loss_equals_trl_grpo_loss_on_one_batch(tmp_path, tiny_hf):  # type
     inputs = {"prompt_ids": prompt_ids, "prompt_mask": torch.ones_like(prompt_ids), "completion_ids": completion,
               "completion_mask": completion_mask, "tool_mask": tool_mask, "advantages": advantages,
               "old_per_token_logps": behaviour, "ref_per_token_logps": reference}
+    weights = None
+    if importance_sampling:  # `behaviour` is then the engine's: TRL's own recompute is the current policy
+        trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
+        trainer.vllm_importance_sampling_mode = "token_truncate"
+        trainer.vllm_importance_sampling_clip_max = CAP
+        # TRL's ratio as _generate_and_score_completions builds it (token_truncate, clip_min None)
+        trl_ratio = torch.clamp(torch.exp((current - behaviour) * mask), min=None, max=CAP)
+        inputs.update(old_per_token_logps=current, sampling_per_token_logps=behaviour,
+                      importance_sampling_ratio=trl_ratio)
+        weights = truncated_is_weights(current, behaviour, mask, CAP)
+        assert torch.allclose(weights, trl_ratio) and bool((weights == CAP).any()) and bool((weights < 1).any())
     model.zero_grad()
     trl_loss = trainer._compute_loss(model, inputs)
     trl_loss.backward()
@@ -92,10 +108,13 @@ def test_ggpo_loss_equals_trl_grpo_loss_on_one_batch(tmp_path, tiny_hf):  # type
     model.zero_grad()
     logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]
     logp = policy_token_logprobs(logits, ids[:, 1:], TEMPERATURE, codec)[:, len(prompt) - 1:]
-    ours, stats = ggpo_loss(logp, behaviour, reference, advantages, mask,
-                            GgpoConfig(group_size=G, clip_epsilon=EPS, kl_coef=BETA))
+    old = current if importance_sampling else behaviour
+    ours, stats = ggpo_loss(logp, old, reference, advantages, mask,
+                            GgpoConfig(group_size=G, clip_epsilon=EPS, kl_coef=BETA), is_weights=weights)
     ours.backward()
-    assert stats.loss_tokens == int(mask.sum()) and 0 < stats.clip_fraction < 1  # the clip is exercised
+    assert stats.loss_tokens == int(mask.sum())
+    if not importance_sampling:
+        assert 0 < stats.clip_fraction < 1  # the clip is exercised
     assert float(ours.detach()) == pytest.approx(float(trl_loss.detach()), abs=1e-5)
     for ours_g, trl_g in zip((p.grad for p in model.parameters()), trl_grads):
         assert torch.allclose(ours_g, trl_g, atol=1e-5, rtol=1e-4)

