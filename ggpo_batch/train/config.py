@@ -24,6 +24,8 @@ RENAMED_KEYS = {"micro_batch_rows": "micro_batch_size"}
 # Keys that shape the built-in byte GPT-2 only: meaningless beside [train.model].
 BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
 DATA_KEYS = ("train", "eval", "passages")
+# Switches whose default is the device's choice: true, false, or "auto" (the default, None here).
+AUTO, AUTO_KEYS = "auto", ("vllm_enforce_eager",)
 
 
 @dataclass(frozen=True)
@@ -139,6 +141,9 @@ class TrainConfig(GgpoConfig):
     temperature: float = 1.0
     rollout: str = "torch"
     vllm_gpu_memory_utilization: float = 0.3
+    # vLLM's eager mode: None ("auto", the default) is the device's choice (vllm_backend.engine_options:
+    # CUDA graphs on a GPU, eager on the CPU); true or false overrides it.
+    vllm_enforce_eager: bool | None = None
     # Ranks per colocated vLLM engine (train/vllm_backend.py): 1, 2 or 4 on a 4-GPU node; it must divide
     # the training ranks, and world / tensor_parallel_size engines sample side by side.
     tensor_parallel_size: int = 1
@@ -186,6 +191,10 @@ class TrainConfig(GgpoConfig):
                 values[key] = ModelConfig.from_table(value, path)
             elif key == "data":
                 values[key] = DataConfig.from_table(value, path)
+            elif key in AUTO_KEYS:
+                if value != AUTO and not isinstance(value, bool):
+                    raise SpecError(path, f"train.{key}", f"must be true, false or \"{AUTO}\", got {value!r}")
+                values[key] = None if value == AUTO else value
             else:
                 values[key] = _coerce(value, known[key].default, path, key)
         if "model" in values:
@@ -202,7 +211,7 @@ class TrainConfig(GgpoConfig):
     def to_table(self) -> dict[str, Any]:
         """The `[train]` table this config reads back from (sub-tables only when set)."""
         table = dataclasses.asdict(self)
-        for key in ("model", "data"):
+        for key in ("model", "data", *AUTO_KEYS):
             if table[key] is None:
                 del table[key]
         if self.model is not None:
@@ -253,6 +262,8 @@ class TrainConfig(GgpoConfig):
             bad("rollout", f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {self.rollout!r}")
         if self.tensor_parallel_size not in (1, 2, 4, 8):
             bad("tensor_parallel_size", f"must be 1, 2, 4 or 8 (GPUs of one node), got {self.tensor_parallel_size}")
+        if self.vllm_enforce_eager is not None and self.rollout != "vllm":
+            bad("vllm_enforce_eager", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it out")
         if self.tensor_parallel_size > 1 and self.rollout != "vllm":
             bad("tensor_parallel_size", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it at 1")
         if self.precision not in PRECISIONS:

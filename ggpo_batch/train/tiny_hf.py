@@ -159,17 +159,21 @@ def build_checkpoint(folder: Path, *, arch: str = "qwen2", hidden: int = 64, lay
     return folder
 
 
-def set_turn_lengths(folder: Path, *, search_per_token: float, answer_per_token: float) -> Path:
-    """Rewrite the checkpoint in `folder` (built by `build_checkpoint`) into a context-free model whose
-    turns have known lengths: every position samples `</search>` with probability `search_per_token`,
-    the end of turn with `answer_per_token`, and any other text token uniformly. A turn's length is
-    then geometric (mean 1 / (sum of both)) and ends as a search call with probability
-    search / (search + answer): the spread of turn lengths a step of real episodes has, made to order
-    for benchmarks and tests (the weights are otherwise those of any checkpoint of this shape).
+def set_turn_lengths(folder: Path, *, search_share: float, search_mean: float, answer_mean: float) -> Path:
+    """Rewrite the checkpoint in `folder` (built by `build_checkpoint`) into a model whose episodes have
+    a known shape, for benchmarks and tests: a turn is a search call (`<search>` words `</search>`,
+    probability `search_share`) or the answer (`<answer>` words, then the end of turn), and its words
+    run on with a constant chance of stopping, so a search call holds `search_mean` words on average
+    and an answer `answer_mean` (geometric: a step's answers vary over 10x in length).
 
-    How: every layer's output projections are zeroed (the residual stream is the token's embedding),
-    every embedding is the same unit vector, so the last hidden state is one constant direction, and
-    an untied LM head reads each token's log-probability off that direction."""
+    How: a Markov chain over tokens, which a transformer computes when every layer's output
+    projections are zero (the residual stream is the current token's embedding). Each token belongs
+    to one class -- search words (word tokens with a leading space, half of them), answer words (the
+    other letter-only tokens), `<search>`, `<answer>`, anything else (the ends of prompts and tool
+    output) -- whose embedding is one unit vector; the untied LM head reads the next token's
+    log-probabilities off it."""
+    import re
+
     import torch
     from transformers import (
         AutoConfig,
@@ -178,32 +182,49 @@ def set_turn_lengths(folder: Path, *, search_per_token: float, answer_per_token:
         GenerationConfig,
     )
 
-    from .codec import SEARCH_CLOSE
+    from .codec import ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN
 
     folder = Path(folder)
     config = AutoConfig.from_pretrained(folder)
     config.tie_word_embeddings = False
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)  # what the old weights held is all overwritten below
+    model = AutoModelForCausalLM.from_config(config)  # every weight that matters is set below
     tok = AutoTokenizer.from_pretrained(folder)
-    close, end = tok.convert_tokens_to_ids(SEARCH_CLOSE), tok.convert_tokens_to_ids("<|im_end|>")
-    special = {tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS} - {end}
-    vocab = config.vocab_size
-    text = [i for i in range(vocab) if i not in special | {close, end} and i < len(tok)]
-    logp = torch.full((vocab,), -60.0)  # special tokens and unused rows: never sampled
-    logp[text] = math.log((1.0 - search_per_token - answer_per_token) / len(text))
-    logp[close], logp[end] = math.log(search_per_token), math.log(answer_per_token)
-    hidden = config.hidden_size
+    ids = tok.convert_tokens_to_ids
+    text = {i: tok.decode([i]) for i in range(len(tok))}
+    spaced = [i for i, t in text.items() if re.fullmatch(r" [a-zA-Z]+", t)]
+    search_words = spaced[::2]
+    answer_words = spaced[1::2] + [i for i, t in text.items() if re.fullmatch(r"[a-zA-Z]+", t)]
+    open_search, open_answer, close_search, end = ids(SEARCH_OPEN), ids(ANSWER_OPEN), ids(SEARCH_CLOSE), ids("<|im_end|>")
+    classes = [search_words, answer_words, [open_search], [open_answer]]  # class 4: every other token
+    never = -60.0
+
+    def row(choices: list[tuple[list[int], float]]) -> torch.Tensor:
+        """Next-token log-probabilities: each (tokens, probability) spread evenly over its tokens."""
+        logp = torch.full((config.vocab_size,), never)
+        for tokens, p in choices:
+            logp[tokens] = math.log(p / len(tokens))
+        return logp
+
+    stop_search, stop_answer = 1.0 / search_mean, 1.0 / answer_mean
+    nexts = [row([(search_words, 1 - stop_search), ([close_search], stop_search)]),
+             row([(answer_words, 1 - stop_answer), ([end], stop_answer)]),
+             row([(search_words, 1.0)]), row([(answer_words, 1.0)]),
+             row([([open_search], search_share), ([open_answer], 1 - search_share)])]
+    scale = math.sqrt(config.hidden_size)  # an RMS-normed unit vector has this length
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 p.zero_()
-        emb = model.get_input_embeddings().weight
+        emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
         emb.zero_()
-        emb[:, 0] = 1.0  # RMS-normed: the last hidden state is sqrt(hidden) along dimension 0
-        head = model.get_output_embeddings().weight
+        emb[:, len(classes)] = 1.0
+        for c, tokens in enumerate(classes):
+            emb[tokens] = 0.0
+            emb[tokens, c] = 1.0
         head.zero_()
-        head[:, 0] = logp / math.sqrt(hidden)
+        for c, logp in enumerate(nexts):
+            head[:, c] = logp / scale
     for f in folder.glob("model*.safetensors*"):
         f.unlink()
     model.generation_config = GenerationConfig.from_pretrained(folder)

