@@ -296,6 +296,7 @@ class Trainer:
             res.generated_tokens_checked += r.generated_tokens_checked
             res.problems += [f"rank {rank}: {p}" for p in r.problems]
             res.probes += r.probes
+            res.rollouts += r.rollouts
             if not r.steps_checked:
                 res.problems.append(f"rank {rank}: no step to audit")
         return res

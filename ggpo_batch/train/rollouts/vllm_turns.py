@@ -13,9 +13,11 @@ depends on timing; each request's tokens do not (its seed).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..codec import ByteCodec, Codec
@@ -50,6 +52,7 @@ class VllmTurns(TurnEngine):
     def __init__(self, llm: Any, codec: Codec, temperature: float, group: Any = None) -> None:
         self.llm, self.codec, self.temperature, self.group = llm, codec, temperature, group
         self.keys: set[str] = set()  # the requests in flight (the caller's keys are their request ids)
+        self.steps = 0
 
     def add(self, requests: Sequence[tuple[str, Sequence[int], int, int]]) -> None:
         from vllm import TokensPrompt
@@ -62,9 +65,27 @@ class VllmTurns(TurnEngine):
             self.keys.add(key)
 
     def step(self) -> list[tuple[str, Generation]]:
-        done = [(o.request_id, generation(o)) for o in self.llm.llm_engine.step() if o.finished]
+        done = sorted(((o.request_id, generation(o)) for o in self.llm.llm_engine.step() if o.finished),
+                      key=lambda kg: kg[0])
         self.keys.difference_update(key for key, _ in done)
-        return sorted(done, key=lambda kg: kg[0])
+        self.steps += 1
+        if self.group is not None:
+            self._check_step(done)
+        return done
+
+    def _check_step(self, done: list[tuple[str, Generation]]) -> None:
+        """Raise at the first step whose finished turns differ between the group's ranks. Until a
+        turn ends, ranks that drew other tokens still run alike-shaped batches; what they add next
+        would differ (its prompt holds the turn), their schedulers would part and the engine's own
+        collectives would wait on each other for ever. So the group compares each step's finished
+        turns (a 63-bit hash, one all-gather of the gloo group: tens of microseconds) first."""
+        digest = hashlib.blake2b(repr(done).encode(), digest_size=8).digest()
+        mine = torch.tensor([int.from_bytes(digest, "big") >> 1], dtype=torch.int64)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(every, mine, group=self.group)
+        if any(int(x) != int(mine) for x in every):
+            raise RuntimeError(f"the ranks of a tensor-parallel vLLM engine finished different turns at engine step "
+                               f"{self.steps} (their engines diverged): {[f'{int(x):016x}' for x in every]}")
 
     def busy(self) -> bool:
         return self.llm.llm_engine.has_unfinished_requests()
