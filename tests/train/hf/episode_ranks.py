@@ -9,7 +9,6 @@ so the ranks of a group ask for different numbers of episodes and one runs out o
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,6 +31,7 @@ def main(out: str, model_dir: str, qa_dir: str, tp: int) -> None:
     from ggpo_batch.train.retrieval import Retriever
     from ggpo_batch.train.task import read_items, read_passages
     from ggpo_batch.train.vllm_backend import VllmBackend
+    from tests.train.colocated_ranks import finish
 
     rank = dist.get_rank()
     codec = HfCodec(load_tokenizer(model_dir), max_model_len=1024, eos_ids=eos_ids(model_dir))
@@ -79,11 +79,7 @@ def main(out: str, model_dir: str, qa_dir: str, tp: int) -> None:
     gens = backend.generate(long, 2, 1.0, seed=[100 + 10 * rank + i for i in range(6)])
     seen["long_prompts"] = [sum(map(len, long)), len(gens),
                             backend.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens]
-    with open(f"{out}.rank{rank}.json", "w") as fh:
-        json.dump(seen, fh)
-    backend.close()
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    finish(out, seen, backend)
 
 
 def run(argv: list[str]) -> None:
