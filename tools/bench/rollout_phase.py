@@ -16,8 +16,9 @@ trajectories; the spread is printed). A round rolls out one step's episodes (--t
 and then the same engine generates the same requests (each turn's prompt, as many tokens as the
 turn had) as one flat batch of independent requests. Printed: generated tokens per second of each,
 and each episode mode's ratio to the flat batch (medians over --rounds, each round's ratio too), in
-seconds and in engine steps (flat batch's / the episodes': a figure the load of other processes on
-the machine does not move). The prefix cache is
+seconds; per CPU second of this process (the engine runs in it, on one thread: what other
+processes' load on a shared machine moves least); and in engine steps (flat batch's / the
+episodes': a figure no load moves). The prefix cache is
 dropped before each episode mode, so each computes its prompts; the flat batch runs right after the
 episodes and finds its prompts cached (a turn's prompt holds the turns before it, whose keys and
 values the episodes computed while decoding them): it does the decoding alone, the ceiling the
@@ -102,7 +103,7 @@ def main() -> int:
 
     engine.step = counted_step  # engine steps: the figure no other process's load moves
 
-    def episodes(mode: str, step: int) -> tuple[list, float, int]:
+    def episodes(mode: str, step: int) -> tuple[list, float, float, int]:
         trajs = [environment.start(it, "train", codec.prompt("train", it))
                  for it in items[: args.trajectories]]
         kwargs = {"max_turns": args.turns, "max_new_tokens": args.max_new_tokens, "temperature": 1.0, "top_k": 2,
@@ -113,11 +114,11 @@ def main() -> int:
             kwargs["seed"] = step  # the old signature: one base seed per call
         backend.llm.reset_prefix_cache()
         steps[0] = 0
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         runners[mode](trajs, backend, retriever, **kwargs)
-        return trajs, time.perf_counter() - t0, steps[0]
+        return trajs, time.perf_counter() - t0, time.process_time() - c0, steps[0]
 
-    def flat(trajs: list) -> tuple[float, int]:
+    def flat(trajs: list) -> tuple[float, float, int]:
         """Every turn of `trajs` as an independent request of its own prompt and length, all at once."""
         from vllm import SamplingParams, TokensPrompt
 
@@ -128,27 +129,29 @@ def main() -> int:
                 params.append(SamplingParams(n=1, temperature=1.0, max_tokens=len(toks), min_tokens=len(toks),
                                              ignore_eos=True, logprobs=0, detokenize=True, skip_special_tokens=False))
         steps[0] = 0
-        t0 = time.perf_counter()  # their prompts' blocks are still cached from the episodes: decoding only
+        t0, c0 = time.perf_counter(), time.process_time()  # the prompts' blocks are still cached: decoding only
         outs = backend.llm.generate(prompts, params, use_tqdm=False)
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         assert [len(o.outputs[0].token_ids) for o in outs] == [p.max_tokens for p in params]
-        return seconds, steps[0]
+        return seconds, cpu, steps[0]
 
     rates: dict[str, list[float]] = {m: [] for m in modes + ["flat"]}
     ratios: dict[str, list[float]] = {m: [] for m in modes}
     step_ratios: dict[str, list[float]] = {m: [] for m in modes}
+    cpu_ratios: dict[str, list[float]] = {m: [] for m in modes}
     spread: list[float] = []
     turns_done: list[float] = []
     episodes(modes[0], -1)  # warm-up: the engine's first batches
     for r in range(args.rounds):
         for mode in modes:
-            trajs, seconds, n_steps = episodes(mode, r)
+            trajs, seconds, cpu, n_steps = episodes(mode, r)
             tokens = sum(t.generated_tokens for t in trajs)
-            flat_seconds, flat_steps = flat(trajs)
+            flat_seconds, flat_cpu, flat_steps = flat(trajs)
             rates[mode].append(tokens / seconds)
             rates["flat"].append(tokens / flat_seconds)
             ratios[mode].append(flat_seconds / seconds)
             step_ratios[mode].append(flat_steps / n_steps)
+            cpu_ratios[mode].append(flat_cpu / cpu)
             answers = [len(t.turns[-1][1]) for t in trajs if t.turns]
             spread.append(max(answers) / max(1, min(answers)))
             turns_done.append(sum(t.calls for t in trajs) / len(trajs))
@@ -158,7 +161,8 @@ def main() -> int:
     for mode in modes:
         print(f"{mode}: {statistics.median(rates[mode]):.0f} tok/s; episodes / flat batch = "
               f"{statistics.median(ratios[mode]):.2f} (rounds: {', '.join(f'{x:.2f}' for x in ratios[mode])}); "
-              f"in engine steps {statistics.median(step_ratios[mode]):.2f}")
+              f"per CPU second {statistics.median(cpu_ratios[mode]):.2f}; in engine steps "
+              f"{statistics.median(step_ratios[mode]):.2f}")
     backend.close()
     shutil.rmtree(folder, ignore_errors=True)
     return 0
