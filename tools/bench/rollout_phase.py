@@ -13,16 +13,16 @@ trajectories; the spread is printed). A round rolls out one step's episodes (--t
 - continuous: `rollouts.run_episodes`, each trajectory's next turn joins the engine's batch as
   soon as its tool output is ready;
 
-and then the same engine generates the same requests (each turn's prompt, as many tokens as the
-turn had) as one flat batch of independent requests. Printed: generated tokens per second of each,
-and each episode mode's ratio to the flat batch (medians over --rounds, each round's ratio too), in
-seconds; per CPU second of this process (the engine runs in it, on one thread: what other
-processes' load on a shared machine moves least); and in engine steps (flat batch's / the
-episodes': a figure no load moves). The prefix cache is
-dropped before each episode mode, so each computes its prompts; the flat batch runs right after the
-episodes and finds its prompts cached (a turn's prompt holds the turns before it, whose keys and
-values the episodes computed while decoding them): it does the decoding alone, the ceiling the
-episodes are measured against.
+and then the same engine generates the same requests (each turn's prompt, exactly as many tokens
+as the turn had: no stop, unseeded) as one flat batch of independent requests. Printed: generated
+tokens per second of each, and each episode mode's ratio to the flat batch (medians over --rounds,
+each round's ratio too), in seconds; per CPU second of this process (the engine runs in it, on one
+thread: what other processes' load on a shared machine moves least); and in engine steps (flat
+batch's / the episodes': a figure no load moves). The prefix cache is dropped before each episode
+mode, so each computes its prompts; the flat batch runs right after the episodes and finds its
+prompts cached (a turn's prompt holds the turns before it, whose keys and values the episodes
+computed while decoding them): it does the decoding alone, the ceiling the episodes are measured
+against. Run on the code before issue 27 (no `rollouts`), it times the lock-step mode alone.
 
     .venv/bin/python tools/bench/rollout_phase.py [--trajectories 16] [--turns 4] [--rounds 3]
 """
