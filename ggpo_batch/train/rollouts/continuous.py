@@ -11,8 +11,9 @@ in key order, and the step's finished turns are handled in key order; retrieval 
 So a rerun adds the same requests between the same steps, and so does every rank of a
 tensor-parallel group: each rank runs the episodes of the whole group (`TurnEngine.share`: the same
 trajectories in the same order), steps its engine as often as the others (a rank whose own
-trajectories are done keeps stepping until the group's are), keeps its own share, and the group
-checks at the end that it computed the same episodes (`TurnEngine.agree`).
+trajectories are done keeps stepping until the group's are), keeps its own share. The group
+compares each engine step's finished turns (`vllm_turns`: a divergence fails at the step it
+shows, before it could part the ranks' schedulers) and at the end the episodes (`TurnEngine.agree`).
 
 Each turn carries its own seed (`environment.turn_seed`), so a trajectory gets the same tokens as
 turn by turn, whatever else is in the batch (up to float rounding of the batch's shapes).
