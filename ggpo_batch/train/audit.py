@@ -30,6 +30,7 @@ otherwise the record says TRAINING_STATUS_AUDIT_FAILED and the details file list
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -92,6 +93,8 @@ class AuditResult:
     generated_tokens_checked: int = 0
     problems: list[str] = field(default_factory=list)
     probes: list[ProbeLog | None] = field(default_factory=list)  # each rank's weight-sync probes (None: no push)
+    # Per rank, per step: sha256 of what was rolled out (`rollout_digests`); a rerun must match it.
+    rollouts: list[dict[int, str]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -104,7 +107,8 @@ class AuditResult:
         return {"ok": self.ok, "checked": list(CHECKS), "steps_checked": self.steps_checked,
                 "trajectories_checked": self.trajectories_checked, "rows_checked": self.rows_checked,
                 "generated_tokens_checked": self.generated_tokens_checked, "problems": list(self.problems),
-                "weight_sync_probe": merged_details(self.probes)}
+                "weight_sync_probe": merged_details(self.probes),
+                "rollouts_sha256": merged_digests(self.rollouts)}
 
 
 def answer_text(turns: Iterable[tuple[int, tuple[int, ...]]], codec: Codec | None = None) -> str:
@@ -118,12 +122,32 @@ def audit(evidence: Iterable[StepEvidence], codec: Codec | None = None, probe: P
     the rank's weight-sync probes (None when its backend samples from the policy module itself)."""
     codec = codec or ByteCodec()
     res = AuditResult(probes=[probe])
+    evidence = list(evidence)
+    res.rollouts.append(rollout_digests(evidence))
     if probe is not None:
         res.problems += probe.problems()
     for ev in evidence:
         res.steps_checked += 1
         _audit_step(ev, res, codec)
     return res
+
+
+def rollout_digests(evidence: Iterable[StepEvidence]) -> dict[int, str]:
+    """Per step, sha256 of its trajectories as the audit sees them (id, item, template, every turn's
+    place and tokens): two runs of the same spec and seed must give the same."""
+    out = {}
+    for ev in evidence:
+        h = hashlib.sha256()
+        for t in sorted(ev.trajectories, key=lambda t: t.traj_id):
+            h.update(repr((t.traj_id, t.item.item_id, t.template, t.length, t.turns)).encode())
+        out[ev.step] = h.hexdigest()
+    return out
+
+
+def merged_digests(per_rank: list[dict[int, str]]) -> list[str]:
+    """The run's rollout digest per step (in step order), over every rank's in rank order."""
+    steps = sorted({s for d in per_rank for s in d})
+    return [hashlib.sha256("|".join(d.get(s, "") for d in per_rank).encode()).hexdigest() for s in steps]
 
 
 def _expected_advantages(ev: StepEvidence, rescored: dict[str, float]) -> dict[str, float | None]:

@@ -26,6 +26,8 @@ BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
 DATA_KEYS = ("train", "eval", "passages")
 MAX_MODEL_LEN_RANGE = (16, 1 << 20)  # tokens; left out of a spec, the model's own (spec_defaults.py)
 OLD_LOGPROBS = ("policy", "rollout")
+# Switches whose default is the device's choice: true, false, or "auto" (the default, None here).
+AUTO, AUTO_KEYS = "auto", ("vllm_enforce_eager",)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,9 @@ class TrainConfig(GgpoConfig):
     temperature: float = 1.0
     rollout: str = "torch"
     vllm_gpu_memory_utilization: float = 0.3
+    # vLLM's eager mode: None ("auto", the default) is the device's choice (vllm_backend.engine_options:
+    # CUDA graphs on a GPU, eager on the CPU); true or false overrides it.
+    vllm_enforce_eager: bool | None = None
     # Ranks per colocated vLLM engine (train/vllm_backend.py): 1, 2 or 4 on a 4-GPU node; it must divide
     # the training ranks, and world / tensor_parallel_size engines sample side by side.
     tensor_parallel_size: int = 1
@@ -203,6 +208,10 @@ class TrainConfig(GgpoConfig):
                 values[key] = ModelConfig.from_table(value, path)
             elif key == "data":
                 values[key] = DataConfig.from_table(value, path)
+            elif key in AUTO_KEYS:
+                if value != AUTO and not isinstance(value, bool):
+                    raise SpecError(path, f"train.{key}", f"must be true, false or \"{AUTO}\", got {value!r}")
+                values[key] = None if value == AUTO else value
             else:
                 values[key] = _coerce(value, known[key].default, path, key)
         if "model" in values:
@@ -221,7 +230,7 @@ class TrainConfig(GgpoConfig):
     def to_table(self) -> dict[str, Any]:
         """The `[train]` table this config reads back from (sub-tables only when set)."""
         table = dataclasses.asdict(self)
-        for key in ("model", "data"):
+        for key in ("model", "data", *AUTO_KEYS):
             if table[key] is None:
                 del table[key]
         if self.model is not None:
@@ -274,6 +283,8 @@ class TrainConfig(GgpoConfig):
             bad("rollout", f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {self.rollout!r}")
         if self.tensor_parallel_size not in (1, 2, 4, 8):
             bad("tensor_parallel_size", f"must be 1, 2, 4 or 8 (GPUs of one node), got {self.tensor_parallel_size}")
+        if self.vllm_enforce_eager is not None and self.rollout != "vllm":
+            bad("vllm_enforce_eager", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it out")
         if self.tensor_parallel_size > 1 and self.rollout != "vllm":
             bad("tensor_parallel_size", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it at 1")
         if self.old_logprobs not in OLD_LOGPROBS:

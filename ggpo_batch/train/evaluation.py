@@ -77,20 +77,23 @@ def summarize(rows: Iterable[Mapping[str, Any]], exposed: Iterable[str], *, plan
     }
 
 
-def _roll_out(trainer: Trainer, items: list[Item], samples: int, temperature: float) -> list[dict[str, Any]]:
-    """This rank's rows: `samples` episodes per item through the trainer's backend, retriever and
-    episode code (the one place this module follows how the trainer rolls out)."""
-    from .environment import run_episodes, start
+def _roll_out(trainer: Trainer, items: list[tuple[int, Item]], samples: int, temperature: float) -> list[dict[str, Any]]:
+    """This rank's rows: `samples` episodes per (place in the evaluation, item) through the trainer's
+    backend, retriever and episode code (the one place this module follows how the trainer rolls out);
+    an episode's sampling is seeded by its item's place and sample, whichever rank runs it."""
+    from .environment import EVAL_STEP, start
+    from .rollouts import run_episodes
 
     cfg = trainer.cfg
     # The policy's own prompt (the byte vocabulary, or a checkpoint's chat template) and protocol.
-    trajs = [start(it, EVAL_TEMPLATE, trainer.codec.prompt(EVAL_TEMPLATE, it)) for it in items for _ in range(samples)]
+    trajs = [start(it, EVAL_TEMPLATE, trainer.codec.prompt(EVAL_TEMPLATE, it), uid=place * samples + s)
+             for place, it in items for s in range(samples)]
     run_episodes(trajs, trainer.backend, trainer.retriever, max_turns=cfg.max_turns,
                  max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.retrieval_top_k,
-                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed + 17 + trainer.rank,
+                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed, step=EVAL_STEP,
                  codec=trainer.codec)
     rows = []
-    for i, it in enumerate(items):
+    for i, (_, it) in enumerate(items):
         mine = trajs[i * samples:(i + 1) * samples]
         rows.append({"item_id": it.item_id, "gold": it.answer, "rewards": [float(t.reward) for t in mine],
                      "answers": [t.answer for t in mine]})
@@ -114,7 +117,7 @@ def evaluate(trainer: Trainer) -> dict[str, Any]:
     planned = {it.item_id for g in trainer.curriculum.exposure_groups for it, _ in g.parts}
     temperature = how["temperature"] or GREEDY_TEMPERATURE
     with torch.no_grad():
-        rows = _roll_out(trainer, items[trainer.rank::trainer.world], how["samples"], temperature)
+        rows = _roll_out(trainer, list(enumerate(items))[trainer.rank::trainer.world], how["samples"], temperature)
     gathered: list[Any] = [None] * trainer.world
     dist.all_gather_object(gathered, rows)
     every = sorted((r for part in gathered for r in part), key=lambda r: order[r["item_id"]])

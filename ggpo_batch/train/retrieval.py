@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import bm25s
 
@@ -22,9 +23,18 @@ class Retriever:
 
     def search(self, query: str, k: int) -> list[Passage]:
         """Top-k passages for `query`; an empty list when the query has no indexable word."""
-        q = bm25s.tokenize([query], stopwords="en", show_progress=False, return_ids=False)
-        if not q or not q[0]:
+        return self.search_many([query], k)[0]
+
+    def search_many(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """`search` of each query, in one call to the index (what one engine step's search calls ask)."""
+        if not queries:
             return []
-        k = min(k, len(self.corpus))
-        docs, scores = self._bm25.retrieve([q[0]], k=k, show_progress=False)
-        return [self.corpus[int(i)] for i, s in zip(docs[0], scores[0]) if s > 0]
+        words = bm25s.tokenize(list(queries), stopwords="en", show_progress=False, return_ids=False)
+        asked = [i for i, w in enumerate(words) if w]
+        found: list[list[Passage]] = [[] for _ in queries]
+        if asked:
+            docs, scores = self._bm25.retrieve([words[i] for i in asked], k=min(k, len(self.corpus)),
+                                               show_progress=False)
+            for row, i in enumerate(asked):
+                found[i] = [self.corpus[int(d)] for d, s in zip(docs[row], scores[row]) if s > 0]
+        return found

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -24,6 +25,16 @@ class Generation:
 
 
 Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+Seeds = int | Sequence[int]  # one seed per prompt, or a base seed: prompt i gets base + i
+
+
+def row_seeds(seed: Seeds, n: int) -> list[int]:
+    """The sampling seed of each of `n` prompts."""
+    if isinstance(seed, int):
+        return [seed + i for i in range(n)]
+    if len(seed) != n:
+        raise ValueError(f"{len(seed)} seeds for {n} prompts")
+    return list(seed)
 
 
 def weight_items(weights: Weights) -> Iterable[tuple[str, torch.Tensor]]:
@@ -54,9 +65,15 @@ class RolloutBackend(abc.ABC):
 
     @abc.abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
-                 seed: int) -> list[Generation]:
+                 seed: Seeds) -> list[Generation]:
         """One continuation per prompt, ending where the codec ends a turn (a stop token, a stop string)
-        or after max_new_tokens (one limit for all, or one per prompt)."""
+        or after max_new_tokens (one limit for all, or one per prompt). A prompt's tokens are a function
+        of its own seed (`row_seeds`), not of the other prompts of the call."""
+
+    def turn_engine(self, temperature: float) -> TurnEngine | None:
+        """The engine driven step by step, where a trajectory's turns can join a running batch
+        (`rollouts.run_episodes`); None: episodes go turn by turn through `generate`."""
+        return None
 
     @abc.abstractmethod
     def sync_weights(self, weights: Weights) -> int:
@@ -81,6 +98,35 @@ class RolloutBackend(abc.ABC):
         """Release the backend."""
 
 
+class TurnEngine(abc.ABC):
+    """A rollout engine driven one engine step at a time: a request joins the running batch when it is
+    added, and each step returns the turns it finished. Deterministic: the same requests added in the
+    same order between the same steps give the same results, on every rank of a tensor-parallel group."""
+
+    @abc.abstractmethod
+    def add(self, requests: Sequence[tuple[str, Sequence[int], int, int]]) -> None:
+        """Add (key, prompt, max_new_tokens, seed) requests, in this order."""
+
+    @abc.abstractmethod
+    def step(self) -> list[tuple[str, Generation]]:
+        """Run one engine step; the turns it finished as (key, generation), ordered by key."""
+
+    @abc.abstractmethod
+    def busy(self) -> bool:
+        """Whether any request added is unfinished."""
+
+    def abort(self) -> None:
+        """Drop every request still in flight (after a failure: the engine is left clean)."""
+
+    def share(self, items: list[Any]) -> tuple[list[Any], int]:
+        """The items of every rank of this engine's group, in rank order, and where this rank's begin
+        (a collective over the group; alone: the items themselves, at 0)."""
+        return items, 0
+
+    def agree(self, digest: str) -> None:
+        """Raise unless every rank of the group computed the same `digest` (a collective)."""
+
+
 class TorchSampler(RolloutBackend):
     """A hand-written batched sampler over an HF causal LM with a KV cache (left-padded prompts)."""
 
@@ -101,7 +147,7 @@ class TorchSampler(RolloutBackend):
         return sequence_logprobs(self.model, tokens, next(self.model.parameters()).device)
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
-                 seed: int) -> list[Generation]:
+                 seed: Seeds) -> list[Generation]:
         if not prompts:
             return []
         training = self.model.training  # a policy with gradient checkpointing trains in train mode
@@ -113,11 +159,13 @@ class TorchSampler(RolloutBackend):
             self.model.train(training)
 
     def _generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
-                  seed: int) -> list[Generation]:
+                  seed: Seeds) -> list[Generation]:
         codec = self.codec
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         device = next(self.model.parameters()).device
-        gen = torch.Generator(device=device).manual_seed(seed)
+        # One generator a row: a row's k-th token is drawn from its own seed's k-th draw, whatever else
+        # is in the batch (its logits equal across batches up to float rounding of the padded shapes).
+        gens = [torch.Generator(device=device).manual_seed(s) for s in row_seeds(seed, len(prompts))]
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), codec.pad_id, dtype=torch.long, device=device)
         # The attention mask of the whole call, preallocated: each decode step passes a longer view.
@@ -139,11 +187,15 @@ class TorchSampler(RolloutBackend):
             if bool(done.all()):
                 break
             logp = torch.log_softmax(codec.policy_logits(logits) / temperature, dim=-1)
-            tok = torch.multinomial(logp.exp(), 1, generator=gen).squeeze(-1)
+            probs = logp.exp()
+            going = torch.nonzero(~done).flatten().tolist()
+            tok = torch.full((len(prompts),), codec.pad_id, dtype=torch.long, device=device)  # finished rows: a filler
+            for i in going:
+                tok[i] = torch.multinomial(probs[i], 1, generator=gens[i])[0]
             lp = logp.gather(-1, tok[:, None]).squeeze(-1)
             done_now = done | torch.isin(tok, stop)
             tok_l, lp_l = tok.tolist(), lp.tolist()
-            for i in torch.nonzero(~done).flatten().tolist():
+            for i in going:
                 toks[i].append(tok_l[i])
                 lps[i].append(lp_l[i])
                 if len(toks[i]) >= limits[i] or (codec.stop_strings and codec.turn_ended(toks[i])):

@@ -12,6 +12,7 @@ downloaded; the same arguments give the same files.
 from __future__ import annotations
 
 import json
+import math
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -182,6 +183,79 @@ def with_chat_template(source: Path, folder: Path, template: str) -> Path:
     tok.chat_template = template
     tok.save_pretrained(folder)
     return Path(folder)
+
+
+def set_turn_lengths(folder: Path, *, search_share: float, search_mean: float, answer_mean: float) -> Path:
+    """Rewrite the checkpoint in `folder` (built by `build_checkpoint`) into a model whose episodes have
+    a known shape, for benchmarks and tests: a turn is a search call (`<search>` words `</search>`,
+    probability `search_share`) or the answer (`<answer>` words, then the end of turn), and its words
+    run on with a constant chance of stopping, so a search call holds `search_mean` words on average
+    and an answer `answer_mean` (geometric: a step's answers vary over 10x in length).
+
+    How: a Markov chain over tokens, which a transformer computes when every layer's output
+    projections are zero (the residual stream is the current token's embedding). Each token belongs
+    to one class -- search words (word tokens with a leading space, half of them), answer words (the
+    other letter-only tokens), `<search>`, `<answer>`, anything else (the ends of prompts and tool
+    output) -- whose embedding is one unit vector; the untied LM head reads the next token's
+    log-probabilities off it."""
+    import re
+
+    import torch
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoTokenizer,
+        GenerationConfig,
+    )
+
+    from .codec import ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN
+
+    folder = Path(folder)
+    config = AutoConfig.from_pretrained(folder)
+    config.tie_word_embeddings = False
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)  # every weight that matters is set below
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok.convert_tokens_to_ids
+    text = {i: tok.decode([i]) for i in range(len(tok))}
+    spaced = [i for i, t in text.items() if re.fullmatch(r" [a-zA-Z]+", t)]
+    search_words = spaced[::2]
+    answer_words = spaced[1::2] + [i for i, t in text.items() if re.fullmatch(r"[a-zA-Z]+", t)]
+    open_search, open_answer, close_search, end = ids(SEARCH_OPEN), ids(ANSWER_OPEN), ids(SEARCH_CLOSE), ids("<|im_end|>")
+    classes = [search_words, answer_words, [open_search], [open_answer]]  # class 4: every other token
+    never = -60.0
+
+    def row(choices: list[tuple[list[int], float]]) -> torch.Tensor:
+        """Next-token log-probabilities: each (tokens, probability) spread evenly over its tokens."""
+        logp = torch.full((config.vocab_size,), never)
+        for tokens, p in choices:
+            logp[tokens] = math.log(p / len(tokens))
+        return logp
+
+    stop_search, stop_answer = 1.0 / search_mean, 1.0 / answer_mean
+    nexts = [row([(search_words, 1 - stop_search), ([close_search], stop_search)]),
+             row([(answer_words, 1 - stop_answer), ([end], stop_answer)]),
+             row([(search_words, 1.0)]), row([(answer_words, 1.0)]),
+             row([([open_search], search_share), ([open_answer], 1 - search_share)])]
+    scale = math.sqrt(config.hidden_size)  # an RMS-normed unit vector has this length
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+        emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+        emb.zero_()
+        emb[:, len(classes)] = 1.0
+        for c, tokens in enumerate(classes):
+            emb[tokens] = 0.0
+            emb[tokens, c] = 1.0
+        head.zero_()
+        for c, logp in enumerate(nexts):
+            head[:, c] = logp / scale
+    for f in folder.glob("model*.safetensors*"):
+        f.unlink()
+    model.generation_config = GenerationConfig.from_pretrained(folder)
+    model.save_pretrained(folder, safe_serialization=True)
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:

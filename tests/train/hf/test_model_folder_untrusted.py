@@ -19,7 +19,7 @@ import pytest
 from ggpo_batch import preflight
 from ggpo_batch.spec import load_spec
 from tests.faults.test_hostile_inputs import assert_refused, fingerprint, run_cli
-from tests.train.hf.test_hf_preflight import copy_model, write  # noqa: F401  (write: a fixture)
+from tests.train.hf.test_hf_preflight import copy_model
 
 OUTSIDE_TEXT = json.dumps({"model_type": "qwen2", "planted": "outside the folder"})
 
