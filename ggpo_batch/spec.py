@@ -20,6 +20,7 @@ from . import limits
 from .accounting import allocated_gpus
 from .errors import SpecError
 from .executor import EXECUTOR_NAMES
+from .priorities import DEFAULT_PRIORITY, PRIORITIES
 from .runspec import EXPOSURES, ArmSpec, RunSpec
 
 SPEC_SCHEMA = 1
@@ -36,7 +37,7 @@ NAME = limits.NAME
 ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
 _EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "loop_budget_seconds", "executor", "profile",
-                    "max_gpu_hours", "retries", "queue"}
+                    "max_gpu_hours", "retries", "queue", "priority"}
 _OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
 _ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
 _TOP_KEYS = {"schema", "experiment", "overheads", "train", "arms"}
@@ -75,6 +76,7 @@ class ExperimentSpec:
     overheads: Overheads = field(default_factory=Overheads)
     train: Mapping[str, Any] = field(default_factory=dict)
     nodes: int = 1
+    priority: str = DEFAULT_PRIORITY  # high | normal | low: how its runs are scheduled (priorities.py)
 
     @property
     def allocated_gpus(self) -> int:
@@ -85,6 +87,7 @@ class ExperimentSpec:
         """Everything that defines the experiment (not where the file lives)."""
         d = asdict(self)
         d.pop("path")
+        d.pop("priority")  # when the runs are taken, not what they are: a change is no new version
         if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
             d.pop("nodes")
         d["arms"] = [asdict(a) for a in self.arms]
@@ -283,6 +286,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     queue = e.get("queue")
     if queue is not None:
         queue = _str(p, "experiment.queue", queue, NAME)
+    priority = _str(p, "experiment.priority", e.get("priority", DEFAULT_PRIORITY), choices=PRIORITIES)
 
     o = _table(p, "overheads", data.get("overheads", {}))
     _unknown(p, "overheads", o, _OVERHEAD_KEYS)
@@ -304,7 +308,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     return ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                           loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                           retries=retries, queue=queue, description=description, overheads=overheads,
-                          train=json.loads(json.dumps(train)), nodes=nodes)
+                          train=json.loads(json.dumps(train)), nodes=nodes, priority=priority)
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:
