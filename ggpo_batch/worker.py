@@ -287,9 +287,8 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
         preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every payload's process
     _process = _WorkerProcess(settings, ledger)
     conn = redis_connect(settings.redis_url)
-    # highest priority first: RQ takes a job from the first of its queues, in this order, that has one
-    worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in worker_queue_names(queues)],
-                        connection=conn, serializer=JSONSerializer, name=name, settings=settings, ggpo_queues=queues,
+    worker = GgpoWorker(rq_queues(conn, queues), connection=conn, serializer=JSONSerializer, name=name,
+                        settings=settings, ggpo_queues=queues,
                         maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
     if not burst:
         return worker.work(burst=False, with_scheduler=True)
@@ -307,6 +306,12 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
                 return worked
             shown.note("runs deferred by the quota are due: taking them")
             time.sleep(min(settings.defer_seconds, 5))
+
+
+def rq_queues(conn: Any, queues: Sequence[str]) -> list[Queue]:
+    """The RQ queues a worker of `queues` takes jobs from, highest priority first: RQ's default dequeue
+    takes the next job from the first of them, in this order, that has one."""
+    return [Queue(q, connection=conn, serializer=JSONSerializer) for q in worker_queue_names(queues)]
 
 
 def as_identified(settings: Settings, ledger: Ledger) -> Settings:
