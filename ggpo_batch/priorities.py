@@ -32,6 +32,12 @@ def rq_queue_name(queue: str, priority: str) -> str:
     return queue if priority == NORMAL else f"{queue}:{priority}"
 
 
+def queue_of(rq_name: str) -> str:
+    """The queue an RQ queue of `rq_queue_name` belongs to."""
+    name, _, priority = rq_name.rpartition(":")
+    return name if name and priority in PRIORITIES else rq_name
+
+
 def worker_queue_names(queues: Sequence[str]) -> list[str]:
     """The RQ queues a worker of `queues` listens on, in the order it takes work: every queue's high
     runs, then their normal runs, then their low ones."""

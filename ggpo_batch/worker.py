@@ -39,7 +39,7 @@ from .identity import acting
 from .ledger import Ledger, QuotaExceeded, connect
 from .ledger.attempts import AttemptPlan, UserQuota
 from .parent_death import signal_at_parent_death
-from .priorities import worker_queue_names
+from .priorities import queue_of, worker_queue_names
 from .queue import RunQueue
 from .reconcile import reconcile_now, wait_settled
 from .runspec import RunSpec
@@ -193,10 +193,13 @@ class GgpoWorker(SimpleWorker):
     reconciles the ledger with the executors as its maintenance, and whose scheduler process ends
     with it."""
 
-    def __init__(self, *args: Any, settings: Settings, ggpo_queues: Sequence[str], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, ggpo_queues: Sequence[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
-        self.ggpo_queues = list(ggpo_queues)  # its RQ queues are one per priority of each
+        # its RQ queues are one per priority of each of these
+        self.ggpo_queues = list(ggpo_queues) if ggpo_queues is not None else list(
+            dict.fromkeys(queue_of(q.name) for q in self.queues))
 
     # RQ's SimpleWorker announces one heartbeat lasting the job's whole timeout (an hour here); a
     # worker that died in the middle would look alive for that long. Like RQ's forking worker,

@@ -162,12 +162,20 @@ class LedgerCore:
             conn.execute(_row_update(table, tuple(values), guarded=True),
                          {"row_id": row_id, "what": what, **{f"v_{k}": v for k, v in values.items()}})
 
+        committed = False
         try:
             with conn.connection.dbapi_connection.pipeline():  # type: ignore[union-attr]
                 yield guarded_row
                 conn.commit()
+                committed = True
         except BaseException as exc:
             conn.invalidate()
+            if committed and isinstance(exc, Exception):
+                # The COMMIT was answered; only the pipeline's closing sync failed (the server went
+                # away just then): the transition is written, and must not be retried as if it were not.
+                log.warning("ledger: the connection failed after a commit (%s); the transaction is committed",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                return
             if isinstance(exc, DBAPIError) and (refused := write_refused(exc)) is not None:
                 raise refused from None
             raise
