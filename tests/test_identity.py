@@ -68,8 +68,8 @@ def test_on_sqlite_the_actor_is_the_os_user_and_only_the_owner_names_someone_els
         refused = decide({**claims, "GGPO_USER": "alice"}, "as-alice", as_nobody=True)
         assert refused.returncode == 6, refused.stderr
         assert refused.stderr.strip().splitlines() == [
-            "error: not permitted: acting as 'alice' (GGPO_USER), on this SQLite ledger you are the OS user 'nobody': "
-            "only the ledger file's owner (or root) may name someone else; unset GGPO_USER"]
+            ("error: not permitted: acting as 'alice' (GGPO_USER), on this SQLite ledger you are the OS user 'nobody': "
+             "only the ledger file's owner (or root) may name someone else; unset GGPO_USER")]
         done = decide({**owner, "GGPO_USER": "tester"}, "by-root-as-tester", as_nobody=False)
         assert done.returncode == 0, done.stderr
         assert decided() == [("by-nobody", "nobody"), ("by-root-as-tester", "tester")]

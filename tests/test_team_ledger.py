@@ -227,17 +227,17 @@ def test_a_members_direct_sql_cannot_do_what_the_cli_refuses(ledger_of) -> None:
             ("UPDATE runs SET state = 'succeeded' WHERE run_key = %s", [his]),
             ("UPDATE runs SET result = '{}' WHERE run_key = %s", [his]),
             ("UPDATE runs SET estimated_gpu_hours = 0 WHERE run_key = %s", [his]),
-            ("INSERT INTO events (at, run_id, experiment_id, entity, to_state, actor) VALUES (now(), %s, %s, 'run', "
-             "'cancelled', 'alice')", [his_id, his_exp]),
+            (("INSERT INTO events (at, run_id, experiment_id, entity, to_state, actor) VALUES (now(), %s, %s, 'run', "
+             "'cancelled', 'alice')"), [his_id, his_exp]),
             ("INSERT INTO events (at, run_id, entity, to_state, actor) VALUES (now(), %s, 'run', 'cancelled', 'bob')",
              [her_id]),
-            ("INSERT INTO experiments (name, version, method, source, spec_hash, spec, gpus, created_by, created_at) "
-             "VALUES ('fake', 1, 'ggpo', 'spec', 'h', '{}', 4, 'alice', now())", None),
-            ("INSERT INTO decisions (experiment_name, experiment_id, kind, decided_by, decided_at, review_done, "
+            (("INSERT INTO experiments (name, version, method, source, spec_hash, spec, gpus, created_by, created_at) "
+             "VALUES ('fake', 1, 'ggpo', 'spec', 'h', '{}', 4, 'alice', now())"), None),
+            (("INSERT INTO decisions (experiment_name, experiment_id, kind, decided_by, decided_at, review_done, "
              "automatic_retry) SELECT name, id, 'not_reproduced_high_cost', 'bob', now(), true, false FROM experiments "
-             "WHERE name = 'hers'", None),
-            ("INSERT INTO attempts (run_id, number, executor, state, submitted_by, gpus, created_at) "
-             "VALUES (%s, 1, 'debug', 'succeeded', 'bob', 4, now())", [his_id]),
+             "WHERE name = 'hers'"), None),
+            (("INSERT INTO attempts (run_id, number, executor, state, submitted_by, gpus, created_at) "
+             "VALUES (%s, 1, 'debug', 'succeeded', 'bob', 4, now())"), [his_id]),
             ("UPDATE events SET actor = 'alice' WHERE actor = 'bob'", None),
             ("DELETE FROM events", None),
             ("DELETE FROM runs WHERE run_key = %s", [his]),

@@ -11,27 +11,9 @@ import pytest
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.executor.sacct import run_command
 from ggpo_batch.spec import load_spec
+from tests.support.specs import write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
-
-SPEC = """
-schema = 1
-[experiment]
-name = "{name}"
-method = "ggpo"
-seeds = [1]
-gpus = 4
-loop_budget_seconds = 1
-executor = "slurm"
-profile = "dev-cluster-1task"
-priority = "{priority}"
-[overheads]
-setup_export_seconds = 1
-audit_seconds = 1
-evaluation_seconds = 1
-[arms.clean]
-exposure = "none"
-"""
 
 
 def _nice(job_id: str) -> int:
@@ -50,11 +32,9 @@ def test_two_users_mixed_priorities_highest_first_and_one_run_each_in_flight(
     # the dev profiles' nodes hold 4 GPUs each: only the user quota keeps alice's two runs apart
     settings = dataclasses.replace(settings, user_gpu_quota=4, defer_seconds=1)
     keys = {}
-    for who, label, priority in (("alice", "lo", "low"), ("alice", "mid", "normal"), ("bob", "hi", "normal")):
-        spec = tmp_path / f"{label}.toml"
-        spec.write_text(SPEC.format(name=f"{label}-{tag}", priority=priority))
-        res = enqueue_spec(ledger, settings, load_spec(spec), actor=who, priority="high" if label == "hi" else None)
-        keys[label] = res.runs[0].run_key
+    for who, label, priority in (("alice", "lo", "low"), ("alice", "mid", "normal"), ("bob", "hi", "high")):
+        spec = load_spec(write_spec(tmp_path, f"{label}-{tag}", seeds=[1], profile="dev-cluster-1task"))
+        keys[label] = enqueue_spec(ledger, settings, spec, actor=who, priority=priority).runs[0].run_key
     run_worker(settings, [settings.queue], burst=True, reconcile_interval=5, settle_timeout=200)
     runs = {label: ledger.get_run(key) for label, key in keys.items()}
     assert {label: (r.state, r.priority) for label, r in runs.items()} == {
