@@ -12,6 +12,8 @@ from collections.abc import Iterable
 
 # The job's own figure and the scheduler's differ by more than this: flagged in status.
 DISAGREEMENT_FRACTION = 0.01
+# What the cost view (`ggpo-batch costs --by`, the dashboard's cost page) groups booked GPU-hours by.
+COST_GROUPS = ("user", "experiment", "queue", "month")
 
 
 def allocated_gpus(nodes: int, gpus_per_node: int) -> int:

@@ -8,7 +8,6 @@ or GGPO_CONFIG) hold the same settings under the environment: `environment()` la
 
 from __future__ import annotations
 
-import getpass
 import logging
 import os
 import stat
@@ -82,6 +81,8 @@ def _url(name: str, url: str) -> str:
 DAY_SECONDS = 86400
 NUMBER_BOUNDS: dict[str, tuple[float, float]] = {
     "GGPO_QUEUE_GPU_QUOTA": (0, 1_000_000),  # GPUs
+    "GGPO_USER_GPU_QUOTA": (0, 1_000_000),  # GPUs
+    "GGPO_ROLE_GPU_QUOTA": (0, 1_000_000),  # GPUs, of each ROLE=GPUS
     "GGPO_DEFER_SECONDS": (0, 7 * DAY_SECONDS),
     "GGPO_USER_GPU_HOURS_CAP": (0, limits.GPU_HOURS_MAX),
     "GGPO_QUEUE_GPU_HOURS_CAP": (0, limits.GPU_HOURS_MAX),
@@ -119,6 +120,11 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
     return _number(name, raw, float)
 
 
+# Settings fields computed from other settings rather than read under a name of their own (every
+# other field is the setting GGPO_<FIELD>, which a settings file may hold: tests/test_settings_file.py).
+DERIVED_FIELDS = frozenset({"user_declared"})
+
+
 @dataclass(frozen=True)
 class Settings:
     """Everything configurable from outside, read once at the edge and passed explicitly."""
@@ -126,8 +132,12 @@ class Settings:
     db_url: str
     redis_url: str
     data_dir: Path
+    # GGPO_USER, or the login name: who this process says it is. Who it is on a ledger is decided by
+    # ggpo_batch/identity.py (the PostgreSQL role, the OS user): GGPO_USER (`user_declared`) may
+    # name someone else only where that identity may act for others.
     user: str
     queue: str = "ggpo"
+    user_declared: bool = False  # derived: GGPO_USER was set (DERIVED_FIELDS)
     # Most GPUs a queue may have in flight (submitted or running) at once; 0 = no limit.
     queue_gpu_quota: int = 0
     # Seconds a run deferred by the quota waits before it is tried again.
@@ -135,6 +145,11 @@ class Settings:
     # Cost caps (GPU-hours); None = no cap at that level.
     user_gpu_hours_cap: float | None = None
     queue_gpu_hours_cap: float | None = None
+    # Most GPUs one person's runs (their experiments') may have in flight at once; 0 = no limit.
+    # `role_gpu_quota` ((PostgreSQL role, GPUs), ...) overrides it for whoever is a member of such a
+    # role (the largest of theirs applies): e.g. ggpo_lead=16, ggpo_member=8.
+    user_gpu_quota: int = 0
+    role_gpu_quota: tuple[tuple[str, int], ...] = ()
     # Fault injection for the fault suite: seconds a worker sleeps at a named point of a submission
     # (GGPO_FAULT_PAUSE="after_submit=30"), so a test can SIGKILL it exactly there.
     fault_pause: tuple[tuple[str, float], ...] = ()
@@ -204,11 +219,14 @@ def _settings_from(env: Mapping[str, str]) -> Settings:
         redis_url=redis_url,
         data_dir=data_dir,
         user=user,
+        user_declared=bool(env.get("GGPO_USER")),
         queue=queue,
         queue_gpu_quota=_int(env, "GGPO_QUEUE_GPU_QUOTA", 0),
         defer_seconds=_int(env, "GGPO_DEFER_SECONDS", 30),
         user_gpu_hours_cap=_float(env, "GGPO_USER_GPU_HOURS_CAP"),
         queue_gpu_hours_cap=_float(env, "GGPO_QUEUE_GPU_HOURS_CAP"),
+        user_gpu_quota=_int(env, "GGPO_USER_GPU_QUOTA", 0),
+        role_gpu_quota=_role_quotas(env, "GGPO_ROLE_GPU_QUOTA"),
         fault_pause=_fault_pause(env.get("GGPO_FAULT_PAUSE", "")),
         hung_after_seconds=_hung_after(env),
         mlflow_uri=mlflow_uri(env),
@@ -291,10 +309,25 @@ def _fault_pause(raw: str) -> tuple[tuple[str, float], ...]:
 
 
 def _login() -> str:
-    try:
-        return getpass.getuser()
-    except Exception:  # no passwd entry (containers): still record something honest
-        return f"uid{os.getuid()}"
+    from .identity import os_user
+
+    return os_user()
+
+
+def _role_quotas(env: Mapping[str, str], name: str) -> tuple[tuple[str, int], ...]:
+    """`ROLE=GPUS,ROLE=GPUS` (PostgreSQL role names) as pairs; each GPU count an integer >= 0."""
+    import re
+
+    out = []
+    for item in filter(None, (x.strip() for x in env.get(name, "").split(","))):
+        role, _, gpus = item.partition("=")
+        role = role.strip()
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$-]{0,62}", role):
+            raise ConfigError(f"{name}: {item!r} must be ROLE=GPUS, ROLE a PostgreSQL role name")
+        out.append((role, _int({name: gpus.strip()}, name, 0) if gpus.strip() else -1))
+        if out[-1][1] < 0:
+            raise ConfigError(f"{name}: {item!r} must be ROLE=GPUS, GPUS an integer >= 0")
+    return tuple(out)
 
 
 # Passwords of the URLs this process was configured with (raw and percent-decoded) and the dashboard's

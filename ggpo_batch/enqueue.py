@@ -17,6 +17,7 @@ from . import costguard, preflight
 from .config import Settings, fault_pause
 from .errors import CostCapExceeded, SpecError
 from .ledger import Ledger, NewRun
+from .priorities import DEFAULT_PRIORITY
 from .queue import RunQueue
 from .runspec import RunSpec, config_hash
 from .spec import ExperimentSpec, spec_diff
@@ -41,10 +42,10 @@ class EnqueueResult:
     preflight: preflight.Report | None = None  # what preflight checked and measured
 
 
-def new_run(r: RunSpec, est: dict[str, float]) -> NewRun:
+def new_run(r: RunSpec, est: dict[str, float], priority: str = DEFAULT_PRIORITY) -> NewRun:
     d = r.to_dict()
     return NewRun(run_key=r.run_key, arm=r.arm.name, seed=r.seed, config_hash=config_hash(d), run_spec=d,
-                  retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key))
+                  retries_allowed=r.retries, estimated_gpu_hours=est.get(r.run_key), priority=priority)
 
 
 def new_experiment(spec: ExperimentSpec, version: int, queue: str) -> dict[str, Any]:
@@ -57,8 +58,10 @@ def new_experiment(spec: ExperimentSpec, version: int, queue: str) -> dict[str, 
 def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, arms: Sequence[str] | None = None,
                  seeds: Sequence[int] | None = None, queue: str | None = None, dry_run: bool = False,
                  new_version: bool = False, accept_cost_reason: str | None = None,
-                 actor: str) -> EnqueueResult:
-    """Put the spec's runs (or a subset) on the queue; see the module docstring."""
+                 actor: str, priority: str | None = None) -> EnqueueResult:
+    """Put the spec's runs (or a subset) on the queue; see the module docstring. `priority` (default:
+    the spec's) is stored with each new run and picks the queue it waits on."""
+    priority = priority or spec.priority
     # What would fail on the allocation fails here, before the ledger or the queue is touched.
     report = preflight.require(spec, arms=list(arms) if arms else None)
     queue_name = queue or settings.queue_for(spec.queue)
@@ -94,22 +97,26 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
             # The refusal is itself a fact: the experiment and its runs are recorded as not_reproduced.
             costguard.record_not_reproduced(ledger, spec, est, cap, actor=actor,
                                             new_experiment=new_experiment(spec, version, queue_name),
-                                            new_runs=[new_run(r, per_run) for r in todo])
+                                            new_runs=[new_run(r, per_run, priority) for r in todo])
             raise CostCapExceeded(f"{spec.path}: {cap.message}; nothing queued. Recorded as not_reproduced_high_cost; "
                                   f"`enqueue --accept-cost --reason TEXT` overrides")
         keys = [r.run_key for r in todo + decided]
         queue = RunQueue.from_url(settings.redis_url, queue_name)
         if todo:
             if same and latest is not None:
-                ledger.add_runs(latest.id, [new_run(r, per_run) for r in todo], actor=actor)
+                ledger.add_runs(latest.id, [new_run(r, per_run, priority) for r in todo], actor=actor)
             else:
                 ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor,
-                                         runs=[new_run(r, per_run) for r in todo])
+                                         runs=[new_run(r, per_run, priority) for r in todo])
+        priorities = {r.run_key: priority for r in todo}
         if not cap.ok:
             # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
             costguard.record_cost_accepted(ledger, spec, est, cap, actor=actor, reason=accept_cost_reason or "")
+            if decided and latest is not None:  # back on the queue with the priority the ledger has for them
+                priorities.update((r.run_key, r.priority) for r in ledger.runs(experiment_id=latest.id,
+                                                                               states=["queued"], with_attempts=False))
     # Redis only now, after the ledger has committed: a failed ledger write sends nothing.
-    res.enqueued = queue.enqueue(keys)
+    res.enqueued = queue.enqueue_by_priority((key, priorities.get(key, priority)) for key in keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)
     if same and latest is not None:
         just = set(keys)
@@ -125,8 +132,8 @@ def restore_stranded(ledger: Ledger, settings: Settings, experiment: Any, run_ke
     if settings.inline_queue or not run_keys:
         return 0
     wanted = set(run_keys)
-    queued = [r.run_key for r in ledger.runs(experiment_id=experiment.id, states=["queued"])
-              if r.run_key in wanted and not (r.attempts and r.attempts[-1].state == "submitting")]
+    queued = {r.run_key: r.priority for r in ledger.runs(experiment_id=experiment.id, states=["queued"])
+              if r.run_key in wanted and not (r.attempts and r.attempts[-1].state == "submitting")}
     if not queued:
         return 0
     queue = RunQueue.from_url(settings.redis_url, settings.queue_for(experiment.queue))
@@ -134,7 +141,7 @@ def restore_stranded(ledger: Ledger, settings: Settings, experiment: Any, run_ke
     missing = [k for k in queued if k not in present]
     if missing:
         queue.forget(missing)
-        queue.enqueue(missing)
+        queue.enqueue_by_priority((k, queued[k]) for k in missing)
         log.warning("enqueue: %d queued run(s) of %s v%d were missing from Redis queue %s; put back",
                     len(missing), experiment.name, experiment.version, queue.name)
     return len(missing)

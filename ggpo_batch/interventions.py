@@ -11,7 +11,11 @@ from .executor import make_executor
 from .ledger import Ledger
 from .queue import RunQueue
 from .runspec import RunSpec
-from .states import CANCELLABLE_RUN_STATES, LIVE_JOB_ATTEMPT_STATES, RETRYABLE_RUN_STATES
+from .states import (
+    CANCELLABLE_RUN_STATES,
+    LIVE_JOB_ATTEMPT_STATES,
+    RETRYABLE_RUN_STATES,
+)
 
 log = logging.getLogger(__name__)
 
@@ -26,16 +30,21 @@ class CancelResult:
 
 def cancel_runs(ledger: Ledger, settings: Settings, run_keys: list[str], *, actor: str,
                 reason: str | None = None) -> list[CancelResult]:
-    """Cancel runs: waiting RQ jobs are removed, allocations cancelled (scancel), the run marked cancelled.
+    """Cancel runs: the run marked cancelled, then its waiting RQ jobs removed and its allocation
+    cancelled (scancel).
 
-    A run that already ended is left alone. The cancelled allocation's GPU-hours are booked by the
-    next reconcile, from the scheduler's accounting.
+    The ledger first: a cancellation it refuses (another person's run, where the ledger's
+    permissions say no: NotPermitted) leaves the queue and the scheduler untouched; a worker that
+    takes the run's job meanwhile finds it cancelled and does not submit it. A run that already
+    ended is left alone. The cancelled allocation's GPU-hours are booked by the next reconcile, from
+    the scheduler's accounting.
     """
     out = []
     for key in run_keys:
-        run = ledger.get_run(key)
-        if run.state not in CANCELLABLE_RUN_STATES:
+        was = ledger.get_run(key).state
+        if was not in CANCELLABLE_RUN_STATES:
             continue
+        run = ledger.mark_cancelled(key, actor=actor, reason=reason or f"cancelled by {actor}")
         queue = RunQueue.from_url(settings.redis_url, settings.queue_for(run.experiment.queue))
         removed = queue.remove(key)
         job = None
@@ -44,9 +53,8 @@ def cancel_runs(ledger: Ledger, settings: Settings, run_keys: list[str], *, acto
             spec = RunSpec.from_dict(run.run_spec)
             make_executor(last.executor, jobs_dir=settings.jobs_dir, profile=spec.profile).cancel(last.job_id)
             job = last.job_id
-        ledger.mark_cancelled(key, actor=actor, reason=reason or f"cancelled by {actor}")
-        out.append(CancelResult(key, run.state, removed, job))
-        log.info("cancelled %s (was %s, job %s)", key, run.state, job)
+        out.append(CancelResult(key, was, removed, job))
+        log.info("cancelled %s (was %s, job %s)", key, was, job)
     return out
 
 
@@ -65,5 +73,5 @@ def retry_run(ledger: Ledger, settings: Settings, run_key: str, *, actor: str, r
     ledger.requeue(run_key, actor=actor, reason=f"manual retry: {reason.strip()}")
     queue = RunQueue.from_url(settings.redis_url, settings.queue_for(run.experiment.queue))
     queue.forget([run_key])
-    queue.enqueue([run_key])
+    queue.enqueue([run_key], run.priority)
     return len(run.attempts) + 1

@@ -3,6 +3,10 @@
 Redis holds only work waiting to start; the ledger decides what runs. Jobs carry data (the run
 key, serialized as JSON), never a pickled object, and are enqueued without an RQ Retry: retries
 are the ledger's business. `memory://` gives an in-process fakeredis whose jobs run inline.
+
+A queue is one RQ queue per run priority (ggpo_batch/priorities.py): a run waits on the one of its
+priority (the ledger's `runs.priority`), and every read here (waiting, positions, presence,
+removal) covers all of them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from rq.serializers import JSONSerializer
 from . import progress
 from .config import MEMORY_REDIS, redact
 from .errors import QueueError
+from .priorities import DEFAULT_PRIORITY, NORMAL, PRIORITIES, by_priority, rq_queue_name
 
 log = logging.getLogger(__name__)
 
@@ -78,12 +83,14 @@ def run_key_of_id(job_id: str) -> str:
 
 
 class RunQueue:
-    """One named RQ queue of runs."""
+    """One named queue of runs: an RQ queue per priority (`queue` is the normal one)."""
 
     def __init__(self, connection: Redis, name: str, *, inline: bool = False) -> None:
         self.connection = connection
         self.name = name
-        self.queue = Queue(name, connection=connection, serializer=JSONSerializer, is_async=not inline)
+        self.queues = {p: Queue(rq_queue_name(name, p), connection=connection, serializer=JSONSerializer,
+                                is_async=not inline) for p in PRIORITIES}
+        self.queue = self.queues[NORMAL]
 
     @classmethod
     def from_url(cls, url: str, name: str) -> RunQueue:
@@ -98,13 +105,15 @@ class RunQueue:
         return Queue.prepare_data(JOB_FUNC, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
                                   result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
 
-    def enqueue(self, run_keys: Sequence[str]) -> int:
-        """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued."""
+    def enqueue(self, run_keys: Sequence[str], priority: str = DEFAULT_PRIORITY) -> int:
+        """Put one job per run on the queue of `priority` (in pipelined chunks); returns how many were
+        enqueued."""
+        queue = self.queues[priority]
         if self.inline:  # each job runs now, in this process, one after the other
             with progress.task("runs", total=len(run_keys)) as shown:
                 for key in run_keys:
-                    self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
-                                            result_ttl=RESULT_TTL, description=key)
+                    queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
+                                       result_ttl=RESULT_TTL, description=key)
                     shown.watch(None)
                     shown.advance()
             return len(run_keys)
@@ -116,12 +125,16 @@ class RunQueue:
         n = 0
         for i in range(0, len(run_keys), CHUNK):
             chunk = run_keys[i:i + CHUNK]
-            with self._chunk(chunk) as pipe:
+            with self._chunk(chunk, queue) as pipe:
                 pipe.execute()
             n += len(chunk)
         return n
 
-    def _chunk(self, run_keys: Sequence[str]) -> Pipeline:
+    def enqueue_by_priority(self, keys_priorities: Iterable[tuple[str, str]]) -> int:
+        """`enqueue` of runs of several priorities, each on its own queue, highest first."""
+        return sum(self.enqueue(keys, priority) for priority, keys in by_priority(keys_priorities).items())
+
+    def _chunk(self, run_keys: Sequence[str], queue: Queue) -> Pipeline:
         """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet.
 
         RQ creates and writes the chunk's first job itself. Every other job is that job's hash
@@ -132,23 +145,24 @@ class RunQueue:
         fails it."""
         pipe = self.connection.pipeline()
         first, rest = run_keys[0], run_keys[1:]
-        (job,) = self.queue.enqueue_many([self._data(first, first)], pipeline=pipe)  # type: ignore[list-item]
+        (job,) = queue.enqueue_many([self._data(first, first)], pipeline=pipe)  # type: ignore[list-item]
         if rest:
             encode = self.connection.get_encoder().encode
             template = {name: encode(value) for name, value in job.to_dict().items()}
-            dumps = self.queue.serializer.dumps
+            dumps = queue.serializer.dumps
             for key in rest:
                 fields = template.copy()
                 fields["data"] = zlib.compress(dumps((JOB_FUNC, None, (key,), {})))  # as Job.data, then to_dict
                 fields["description"] = encode(key)
                 pipe.hset(Job.key_for(key), mapping=fields)  # type: ignore[arg-type]
-            pipe.rpush(self.queue.key, *rest)
+            pipe.rpush(queue.key, *rest)
         return pipe
 
-    def defer(self, run_key: str, seconds: int, *, generation: int) -> str:
-        """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
+    def defer(self, run_key: str, seconds: int, *, generation: int, priority: str = DEFAULT_PRIORITY) -> str:
+        """Re-queue a run on its priority's queue after `seconds` (needs a worker started with the
+        scheduler, as ours are)."""
         job_id = f"{run_key}-deferred{int(generation)}"
-        self.queue.enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
+        self.queues[priority].enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
                               result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
         return job_id
 
@@ -163,22 +177,30 @@ class RunQueue:
     def run_key_of(job: Job) -> str:
         return str(job.args[0]) if job.args else job.id
 
-    def _started_registry(self) -> StartedJobRegistry:
-        return StartedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+    def _started_ids(self) -> list[str]:
+        return [j for q in self.queues.values()
+                for j in StartedJobRegistry(q.name, connection=self.connection, serializer=JSONSerializer).get_job_ids()]
 
-    def _scheduled_registry(self) -> ScheduledJobRegistry:
-        return ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+    def _scheduled_ids(self) -> list[str]:
+        return [j for q in self.queues.values()
+                for j in ScheduledJobRegistry(q.name, connection=self.connection, serializer=JSONSerializer)
+                .get_job_ids()]
+
+    def _waiting_ids(self) -> list[str]:
+        """Every waiting job id, in the order a worker takes them: high, normal, low."""
+        return [j for q in self.queues.values() for j in q.get_job_ids()]
 
     def waiting(self) -> dict[str, int]:
-        """Run key -> 1-based position, for runs waiting on the queue (from the id list alone)."""
+        """Run key -> 1-based position (counting the higher priorities' runs ahead of it), for runs
+        waiting on the queue (from the id lists alone)."""
         out: dict[str, int] = {}
-        for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
+        for pos, job_id in enumerate(self._waiting_ids(), start=1):
             out.setdefault(run_key_of_id(job_id), pos)
         return out
 
     def scheduled(self) -> set[str]:
-        """Run keys deferred to a later time (the scheduled registry's ids)."""
-        return {run_key_of_id(j) for j in self._scheduled_registry().get_job_ids()}
+        """Run keys deferred to a later time (the scheduled registries' ids)."""
+        return {run_key_of_id(j) for j in self._scheduled_ids()}
 
     def started(self, *, alive_only: bool = False) -> dict[str, str | None]:
         """Run key -> worker name, for jobs a worker is executing (with `alive_only`, a live worker).
@@ -186,7 +208,7 @@ class RunQueue:
         A worker SIGKILLed in the middle of a job leaves its job in the started registry until RQ's
         maintenance reaps it (90 s to 11 min, FACTS.md), so liveness is checked on the worker itself.
         """
-        out = {self.run_key_of(j): j.worker_name for j in self._jobs(self._started_registry().get_job_ids())}
+        out = {self.run_key_of(j): j.worker_name for j in self._jobs(self._started_ids())}
         if alive_only:
             out = {k: w for k, w in out.items() if w and self.worker_alive(w)}
         return out
@@ -212,17 +234,17 @@ class RunQueue:
 
     def failed(self) -> dict[str, str]:
         """Run key -> RQ's failure text (e.g. a work-horse killed by a signal)."""
-        reg = FailedJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
+        ids = [j for q in self.queues.values()
+               for j in FailedJobRegistry(q.name, connection=self.connection, serializer=JSONSerializer).get_job_ids()]
         out = {}
-        for j in self._jobs(reg.get_job_ids()):
+        for j in self._jobs(ids):
             info = (j.exc_info or "").strip().splitlines()
             out[self.run_key_of(j)] = info[-1] if info else "failed"
         return out
 
     def present(self) -> set[str]:
         """Run keys with a job waiting, scheduled or executing: three id lists, no job is fetched."""
-        ids = [*self.queue.get_job_ids(), *self._scheduled_registry().get_job_ids(),
-               *self._started_registry().get_job_ids()]
+        ids = [*self._waiting_ids(), *self._scheduled_ids(), *self._started_ids()]
         return {run_key_of_id(j) for j in ids}
 
     def forget(self, run_keys: Sequence[str]) -> None:
@@ -242,32 +264,38 @@ class RunQueue:
         def wanted(key: str) -> bool:
             return keys is None or key in keys
 
-        if keys is None:  # every run: one read of the whole id list
-            for pos, job_id in enumerate(self.queue.get_job_ids(), start=1):
+        if keys is None:  # every run: one read of the whole id lists
+            for pos, job_id in enumerate(self._waiting_ids(), start=1):
                 key = run_key_of_id(job_id)
                 if key not in info:
                     info[key] = {"queue_position": pos, "queue": self.name}
-        else:  # a page of runs: Redis finds each id in the list (LPOS), nothing is transferred
+        else:  # a page of runs: Redis finds each id in the lists (LPOS), nothing is transferred
+            ordered = sorted(keys)
             with self.connection.pipeline(transaction=False) as pipe:
-                for key in sorted(keys):
-                    pipe.lpos(self.queue.key, key)
-                for key, pos in zip(sorted(keys), pipe.execute()):
-                    if pos is not None:
-                        info[key] = {"queue_position": int(pos) + 1, "queue": self.name}
-        for job_id in self._scheduled_registry().get_job_ids():
+                for q in self.queues.values():
+                    pipe.llen(q.key)
+                    for key in ordered:
+                        pipe.lpos(q.key, key)
+                replies = pipe.execute()
+            ahead = 0  # the runs of the higher priorities' queues, taken first
+            for i, _q in enumerate(self.queues.values()):
+                block = replies[i * (len(ordered) + 1):(i + 1) * (len(ordered) + 1)]
+                for key, pos in zip(ordered, block[1:]):
+                    if pos is not None and key not in info:
+                        info[key] = {"queue_position": ahead + int(pos) + 1, "queue": self.name}
+                ahead += int(block[0])
+        for job_id in self._scheduled_ids():
             key = run_key_of_id(job_id)
             if wanted(key):
                 info.setdefault(key, {"queue_position": None, "queue": self.name, "deferred": True})
-        started = [j for j in self._started_registry().get_job_ids() if wanted(run_key_of_id(j))]
+        started = [j for j in self._started_ids() if wanted(run_key_of_id(j))]
         for job in self._jobs(started):
             info.setdefault(self.run_key_of(job), {"queue": self.name})["rq_worker"] = job.worker_name
         return info
 
     def remove(self, run_key: str) -> int:
         """Delete every waiting or scheduled job of a run; returns how many."""
-        ids = set(self.queue.get_job_ids())
-        reg = ScheduledJobRegistry(self.name, connection=self.connection, serializer=JSONSerializer)
-        ids |= set(reg.get_job_ids())
+        ids = {*self._waiting_ids(), *self._scheduled_ids()}
         n = 0
         for job in self._jobs(ids):
             if self.run_key_of(job) == run_key:

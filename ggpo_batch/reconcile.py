@@ -104,7 +104,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                  settings=settings)
                     rep.ended += 1
                     if out.requeued and settings.queue_for(run.experiment.queue) in by_name:
-                        by_name[settings.queue_for(run.experiment.queue)].enqueue([run.run_key])
+                        by_name[settings.queue_for(run.experiment.queue)].enqueue([run.run_key], run.priority)
                 elif info.state == "RUNNING" and att.state == "submitted":
                     ledger.mark_running(run.run_key, att.number, actor=actor, started_at=info.start)
                     rep.started += 1
@@ -198,7 +198,7 @@ def _retry_lost_submission(ledger: Ledger, run_key: str, actor: str, queue: RunQ
                                                 f"{used}/{run.retries_allowed}")
     if queue is not None and not queue.inline:
         queue.forget([run_key])
-        queue.enqueue([run_key])
+        queue.enqueue([run_key], run.priority)
     return True
 
 
@@ -237,10 +237,11 @@ def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQue
         if q.inline:
             continue
         # Two id sets, no run or job objects: the work is that of comparing keys, at any backlog.
-        missing = sorted(ledger.queued_run_keys(q.name, default_queue=settings.queue) - q.present())
+        queued = ledger.queued_run_keys(q.name, default_queue=settings.queue)
+        missing = sorted(set(queued) - q.present())
         if missing:
             q.forget(missing)
-            n += q.enqueue(missing)
+            n += q.enqueue_by_priority((key, queued[key]) for key in missing)
             log.info("reconcile: re-queued %d run(s) missing from Redis queue %s", len(missing), q.name)
     return n
 

@@ -66,6 +66,8 @@ SCHEMAS: dict[str, Schema] = {
                             "already there) and its GPU-hours."),
     "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
                             "notebook. Streamed: `schema` is on the first line."),
+    "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
+                    "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),
     "dashboard_experiment": Schema(3, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",

@@ -56,7 +56,16 @@ def search_files(env: Mapping[str, str], site_dir: Path | None = None) -> list[S
         path = Path(named).expanduser()
         return [SettingsFile(path, CONFIG_ENV, path.exists())]
     files = [(Path(site_dir or SITE_CONFIG_DIR) / FILE_NAME, "site"), (user_config_dir() / FILE_NAME, "user")]
-    return [SettingsFile(p, role, p.is_file()) for p, role in files]
+    return [SettingsFile(p, role, _present(p)) for p, role in files]
+
+
+def _present(path: Path) -> bool:
+    """Whether a default settings file is there for this user. One in a folder the user may not enter
+    (a HOME inherited from another user, root's 0700 one) is not theirs to read: absent."""
+    try:
+        return path.is_file()
+    except PermissionError:
+        return False
 
 
 class LayeredEnvironment(Mapping[str, str]):

@@ -20,6 +20,7 @@ from . import limits
 from .accounting import allocated_gpus
 from .errors import SpecError
 from .executor import EXECUTOR_NAMES
+from .priorities import DEFAULT_PRIORITY, PRIORITIES
 from .runspec import (
     DEFAULT_MAX_CONTINUATIONS,
     EXPOSURES,
@@ -44,7 +45,7 @@ ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
 _EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "loop_budget_seconds", "executor", "profile",
                     "max_gpu_hours", "retries", "queue", "continue_on_timeout", "max_continuations",
-                    "keep_checkpoints"}
+                    "keep_checkpoints", "priority"}
 
 _OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
 _ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
@@ -90,6 +91,7 @@ class ExperimentSpec:
     # What was taken from the model, not the file (spec_defaults.py): "train.model.max_model_len = ...
     # (why)". Not part of the spec's identity: the values themselves are in `train`.
     defaults: tuple[str, ...] = ()
+    priority: str = DEFAULT_PRIORITY  # high | normal | low: how its runs are scheduled (priorities.py)
 
     @property
     def allocated_gpus(self) -> int:
@@ -101,6 +103,7 @@ class ExperimentSpec:
         d = asdict(self)
         d.pop("path")
         d.pop("defaults")
+        d.pop("priority")  # when the runs are taken, not what they are: a change is no new version
         if self.nodes == 1:  # absent at the default: specs hashed before `nodes` existed keep their hash
             d.pop("nodes")
         for key, default in LIFECYCLE_DEFAULTS.items():  # absent at the default, as `nodes`
@@ -318,6 +321,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
                                                                                   "keep_checkpoints")}
     lifecycle["max_continuations"] = _int(p, "experiment.max_continuations",
                                           e.get("max_continuations", DEFAULT_MAX_CONTINUATIONS), 0, MAX_CONTINUATIONS)
+    priority = _str(p, "experiment.priority", e.get("priority", DEFAULT_PRIORITY), choices=PRIORITIES)
 
     o = _table(p, "overheads", data.get("overheads", {}))
     _unknown(p, "overheads", o, _OVERHEAD_KEYS)
@@ -341,7 +345,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     return apply(ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                                 loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                                 retries=retries, queue=queue, description=description, overheads=overheads,
-                                train=json.loads(json.dumps(train)), nodes=nodes, **lifecycle))
+                                train=json.loads(json.dumps(train)), nodes=nodes, priority=priority, **lifecycle))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

@@ -35,9 +35,11 @@ from .allocation import attempt_folder
 from .config import Settings, fault_pause, load_settings
 from .errors import LedgerError
 from .executor import IN_PROCESS_EXECUTORS, make_executor
+from .identity import acting
 from .ledger import Ledger, QuotaExceeded, connect
-from .ledger.attempts import AttemptPlan
+from .ledger.attempts import AttemptPlan, UserQuota
 from .parent_death import signal_at_parent_death
+from .priorities import queue_of, worker_queue_names
 from .queue import RunQueue
 from .reconcile import reconcile_now, wait_settled
 from .runspec import RunSpec
@@ -74,7 +76,7 @@ def execute_run(run_key: str) -> dict[str, Any]:
     settings = load_settings()
     ledger = connect(settings.db_url)
     try:
-        return submit_run(ledger, settings, run_key, worker=_worker_name())
+        return submit_run(ledger, as_identified(settings, ledger), run_key, worker=_worker_name())
     finally:
         ledger.engine.dispose()
 
@@ -84,19 +86,23 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     inline = settings.inline_queue
     chosen: dict[str, Any] = {}  # what `plan` decided, inside the ledger's transaction
 
+    user_quota = (UserQuota(settings.user_gpu_quota, settings.role_gpu_quota)
+                  if (settings.user_gpu_quota or settings.role_gpu_quota) and not inline else None)
+
     def plan(run_spec: dict[str, Any], experiment_queue: str | None) -> AttemptPlan:
         spec = RunSpec.from_dict(run_spec)
         queue_name = settings.queue_for(experiment_queue)
         quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
         chosen.update(spec=spec, queue=queue_name)
-        return AttemptPlan(spec.executor, spec.allocated_gpus, quota)
+        return AttemptPlan(spec.executor, spec.allocated_gpus, quota, user_quota)
 
     try:
         taken = ledger.begin_submission(run_key, actor=settings.user, worker=worker, plan=plan)
     except QuotaExceeded as exc:
         ledger.requeue(run_key, actor=settings.user, reason=f"deferred {settings.defer_seconds} s: {exc.message}")
         RunQueue.from_url(settings.redis_url, chosen["queue"]).defer(run_key, settings.defer_seconds,
-                                                                     generation=int(time.time() * 1000))
+                                                                     generation=int(time.time() * 1000),
+                                                                     priority=exc.priority)
         return {"run_key": run_key, "deferred": exc.message}
     except LedgerError as exc:  # another worker holds it, or it moved meanwhile: not ours
         log.info("run %s not submitted: %s", run_key, exc.message)
@@ -123,7 +129,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     try:
         # begin_attempt just created this attempt: no job can exist for it (a worker that died after
         # sbatch left its own attempt `submitting`, which reconcile looks up), so no per-job lookup
-        job_id = executor.submit(spec, att.number, folder, lookup=False)
+        job_id = executor.submit(spec, att.number, folder, lookup=False, priority=taken.priority)
     except Exception as exc:
         reason = f"submission refused: {type(exc).__name__}: {exc}"
         ledger.resolve_submitting(run_key, att.number, job_id=None, actor=settings.user, reason=reason[:2000],
@@ -192,9 +198,13 @@ class GgpoWorker(SimpleWorker):
     reconciles the ledger with the executors as its maintenance, and whose scheduler process ends
     with it."""
 
-    def __init__(self, *args: Any, settings: Settings, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, settings: Settings, ggpo_queues: Sequence[str] | None = None,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.ggpo_settings = settings
+        # its RQ queues are one per priority of each of these
+        self.ggpo_queues = list(ggpo_queues) if ggpo_queues is not None else list(
+            dict.fromkeys(queue_of(q.name) for q in self.queues))
 
     # RQ's SimpleWorker announces one heartbeat lasting the job's whole timeout (an hour here); a
     # worker that died in the middle would look alive for that long. Like RQ's forking worker,
@@ -232,7 +242,8 @@ class GgpoWorker(SimpleWorker):
         if not self.connection.set(RECONCILE_LOCK, self.name, nx=True, ex=lock_ttl):
             return
         try:
-            reconcile_now(self.ggpo_settings, [q.name for q in self.queues], actor=f"reconcile@{self.name}")
+            reconcile_now(self.ggpo_settings, self.ggpo_queues,
+                          actor=acting(self.ggpo_settings.user, f"reconcile@{self.name}"))
         except Exception:  # a reconcile failure must not kill the worker; the next cycle retries
             self.log.exception("reconcile cycle failed")
 
@@ -278,13 +289,14 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
     # taken from the pool (a round trip per transaction): one that died fails its first statement,
     # and the ledger's retry reconnects.
     ledger = connect(settings.db_url, pre_ping=False)
+    settings = as_identified(settings, ledger)  # its transitions are its role's (a service: anyone's)
     serve_a_worker()  # what executors start on this host, they start from a process forked for it
     if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:
         preload_payloads()  # torch, DeepSpeed and the trainer once here, not in every payload's process
     _process = _WorkerProcess(settings, ledger)
     conn = redis_connect(settings.redis_url)
-    worker = GgpoWorker([Queue(q, connection=conn, serializer=JSONSerializer) for q in queues], connection=conn,
-                        serializer=JSONSerializer, name=name, settings=settings,
+    worker = GgpoWorker(rq_queues(conn, queues), connection=conn, serializer=JSONSerializer, name=name,
+                        settings=settings, ggpo_queues=queues,
                         maintenance_interval=reconcile_interval, worker_ttl=max(35, reconcile_interval + 15))
     if not burst:
         return worker.work(burst=False, with_scheduler=True)
@@ -297,11 +309,27 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
             worked = worker.work(burst=True, with_scheduler=True) or worked
             shown.note("queue drained; waiting for the runs to end")
             wait_settled(settings, queues, timeout=max(1.0, deadline - time.monotonic()),
-                         actor=f"reconcile@{worker.name}")
+                         actor=acting(settings.user, f"reconcile@{worker.name}"))
             if not _has_queued_runs(settings, queues) or time.monotonic() > deadline:
                 return worked
             shown.note("runs deferred by the quota are due: taking them")
             time.sleep(min(settings.defer_seconds, 5))
+
+
+def rq_queues(conn: Any, queues: Sequence[str]) -> list[Queue]:
+    """The RQ queues a worker of `queues` takes jobs from, highest priority first: RQ's default dequeue
+    takes the next job from the first of them, in this order, that has one."""
+    return [Queue(q, connection=conn, serializer=JSONSerializer) for q in worker_queue_names(queues)]
+
+
+def as_identified(settings: Settings, ledger: Ledger) -> Settings:
+    """`settings` with `user` the identity this process acts as on `ledger` (identity.py): its
+    PostgreSQL role or OS user, or whom GGPO_USER names where that identity may act for others."""
+    from dataclasses import replace
+
+    from .identity import resolve
+
+    return replace(settings, user=resolve(ledger.engine, settings).user, user_declared=False)
 
 
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:

@@ -109,13 +109,16 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     add("report", _cli("report", "queued-exp", "--json"))
     add("report_comparison", _cli("report", "done-exp", "queued-exp", "--json"))
     add("ledger_export", _cli("ledger", "export", "--format", "json"))
+    for by in ("user", "experiment", "queue", "month"):
+        add("costs", _cli("costs", "--by", by, "--json"))
     dash = Dashboard(cli_env(**{k: v for k, v in os.environ.items() if k.startswith("GGPO_")}),
                      tmp_path / "dashboard.log")
     try:
         for kind, route in (("status", "/api/status?runs=1&limit=0"), ("components", "/api/components"),
                             ("dashboard_experiment", "/api/experiments/done-exp"),
                             ("dashboard_experiment", "/api/experiments/queued-exp"),
-                            ("dashboard_run", f"/api/runs/{running}"), ("dashboard_run", f"/api/runs/{failed}")):
+                            ("dashboard_run", f"/api/runs/{running}"), ("dashboard_run", f"/api/runs/{failed}"),
+                            ("costs", "/api/costs?by=month&since=2026-01-01")):
             code, body = get(dash.url + route)
             assert code == 200, (route, body)
             add(kind, body)

@@ -306,3 +306,56 @@ def test_a_write_refused_in_the_tail_sent_with_the_commit_keeps_nothing(ledger) 
     run, att = ledger.settle_attempt(key, 1, lambda _r, _a: {**too_long, "exit_code": "9"}, actor="w",
                                      job_id="debug-1")
     assert (att.state, att.exit_code, run.state) == ("failed", "9", "failed")
+
+
+def _skip_updates_of(ledger, table: str) -> None:  # type: ignore[no-untyped-def]
+    """A trigger that makes every UPDATE of `table` change nothing, silently: what row-level security
+    does to an UPDATE it does not allow (SQLite has no row-level security; a trigger that ignores the
+    row has the same effect on both backends)."""
+    from sqlalchemy import text
+
+    with ledger.engine.begin() as conn:
+        if ledger.engine.dialect.name == "sqlite":
+            conn.execute(text(f"CREATE TRIGGER skip_{table} BEFORE UPDATE ON {table} BEGIN SELECT RAISE(IGNORE); END"))
+        else:
+            conn.execute(text("CREATE OR REPLACE FUNCTION skip_row() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RETURN NULL; "
+                              "END $$"))
+            conn.execute(text(f"CREATE TRIGGER skip_{table} BEFORE UPDATE ON {table} FOR EACH ROW "
+                              "EXECUTE FUNCTION skip_row()"))
+
+
+def test_a_transition_whose_update_changes_no_row_is_refused_and_writes_nothing(ledger) -> None:  # type: ignore[no-untyped-def]
+    """An UPDATE that changes no row (row-level security filters what it does not allow, silently) is
+    refused (exit 6), never reported as done: the worker's row-level transitions (their UPDATEs sent
+    with the COMMIT on PostgreSQL, checked by the database), the ORM's (a session), and a decision's
+    Core update. Nothing of the refused transition is written: no event, no state."""
+    from ggpo_batch.errors import NotPermitted
+
+    _experiment(ledger, n=2)
+    key = "e-v1-0-clean"
+    ledger.begin_attempt(key, executor="debug", gpus=4, actor="w", worker="w1")
+    _skip_updates_of(ledger, "attempts")
+    events = len(ledger.events(run_key=key))
+    with pytest.raises(NotPermitted, match=f"attempt 1 of run {key}"):
+        ledger.mark_submitted(key, 1, job_id="7", actor="w")  # row-level: attempts and run, pipelined on PG
+    with pytest.raises(NotPermitted, match="changed no row"):
+        ledger.resolve_submitting(key, 1, job_id=None, actor="r", reason="worker died")  # ORM session
+    run = ledger.get_run(key)
+    assert (run.state, run.attempts[0].state, run.attempts[0].job_id) == ("queued", "submitting", None)
+    assert len(ledger.events(run_key=key)) == events
+    _skip_updates_of(ledger, "runs")
+    other = "e-v1-1-clean"
+    with pytest.raises(NotPermitted, match=f"beginning run {other}"):
+        ledger.begin_attempt(other, executor="debug", gpus=4, actor="w", worker="w1")
+    with pytest.raises(NotPermitted, match="changed no row"):
+        ledger.mark_cancelled(other, actor="alice", reason="not wanted")
+    decided = NewRun(run_key="d-v1-1-clean", arm="clean", seed=1, config_hash="h", run_spec={})
+    with pytest.raises(NotPermitted, match="deciding the runs of d"):
+        ledger.apply_decision(experiment_name="d", kind="not_reproduced_high_cost", actor="alice",
+                              fields={"reason": "too costly"}, new_runs=[decided],
+                              new_experiment={"name": "d", "version": 1, "method": "ggpo", "source": "spec",
+                                              "spec_hash": "y", "spec": {}, "gpus": 4})
+    run = ledger.get_run(other)
+    assert (run.state, run.attempts) == ("queued", [])
+    assert [e.name for e in ledger.experiments()] == ["e"] and ledger.decisions() == []
+    assert [len(ledger.events(run_key=k)) for k in (key, other)] == [events, 1]

@@ -228,3 +228,85 @@ def test_chunk_writes_the_jobs_rq_itself_writes(redis_url: str, monkeypatch: pyt
         pipe.execute()
     assert written == _redis_contents(q.connection)
     assert list(q.waiting()) == keys
+
+
+def _named(tmp_path: Path, name: str, priority: str | None = None):  # type: ignore[no-untyped-def]
+    text = SPEC.replace('name = "q"', f'name = "{name}"')
+    if priority is not None:
+        text = text.replace('executor = "local"', f'executor = "local"\npriority = "{priority}"')
+    p = tmp_path / f"{name}.toml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def test_priorities_are_in_the_ledger_and_workers_take_the_highest_first(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Runs enqueued low (the spec says so), normal, then high (--priority) are stored with their
+    priority, shown in the order a worker takes them, taken so by the worker's RQ queues (high,
+    normal, low), put back on their own priority's queue by reconcile after Redis lost them, and by
+    a retry. The priority is no part of the spec's hash: changing it is no new version."""
+    import redis
+    from rq import Queue
+
+    from ggpo_batch.worker import rq_queues
+
+    low, normal = _named(tmp_path, "lo", "low"), _named(tmp_path, "mid")
+    assert low.priority == "low" and low.spec_hash == _named(tmp_path, "lo", "high").spec_hash
+    for spec, priority in ((low, None), (normal, None), (_named(tmp_path, "hi", "low"), "high")):
+        enqueue_spec(ledger, settings, spec, actor="tester", priority=priority)
+    stored = {r.run_key.split("-")[0]: r.priority for r in ledger.runs()}
+    assert stored == {"lo": "low", "mid": "normal", "hi": "high"}
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    order = [k.split("-")[0] for k, _ in sorted(q.waiting().items(), key=lambda kv: kv[1])]
+    assert order == ["hi"] * 4 + ["mid"] * 4 + ["lo"] * 4
+    page = q.positions(["lo-v1-1-clean", "mid-v1-1-clean", "hi-v1-1-clean"])
+    assert [page[k]["queue_position"] for k in ("hi-v1-1-clean", "mid-v1-1-clean", "lo-v1-1-clean")] == [1, 5, 9]
+
+    def taken() -> list[str]:
+        conn = redis.Redis.from_url(settings.redis_url)
+        out = []
+        while (got := Queue.dequeue_any(rq_queues(conn, ["testq"]), None, connection=conn)) is not None:
+            out.append(got[0].id.split("-")[0])
+        return out
+
+    assert taken() == order  # what the worker's dequeue takes, in turn
+    assert q.waiting() == {}
+    assert reconcile(ledger, settings, [q], actor="test").requeued == 12
+    assert [k.split("-")[0] for k, _ in sorted(q.waiting().items(), key=lambda kv: kv[1])] == order
+    cancel_runs(ledger, settings, ["hi-v1-1-clean"], actor="tester")
+    assert "hi-v1-1-clean" not in q.waiting()
+    retry_run(ledger, settings, "hi-v1-1-clean", actor="tester", reason="wanted after all")
+    assert q.waiting()["hi-v1-1-clean"] <= 4  # back among the high runs, ahead of every normal one
+
+
+def test_one_persons_gpu_quota_defers_their_runs_only(ledger, settings, worker_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """GGPO_USER_GPU_QUOTA=4 with 4-GPU runs: with one of alice's runs in flight her next is deferred
+    (no attempt; due again on her run's priority queue), while bob's is taken; once hers ended, hers is."""
+    from ggpo_batch.ledger import QuotaExceeded
+    from ggpo_batch.ledger.attempts import AttemptPlan, UserQuota
+    from ggpo_batch.worker import submit_run
+
+    settings = dataclasses.replace(settings, user_gpu_quota=4)
+    enqueue_spec(ledger, settings, _named(tmp_path, "alices", "high"), actor="alice")
+    enqueue_spec(ledger, settings, _named(tmp_path, "bobs"), actor="bob")
+    ledger.begin_attempt("alices-v1-1-clean", executor="local", gpus=4, actor="worker", worker="elsewhere")
+    out = submit_run(ledger, settings, "alices-v1-1-paired", worker="w-test")
+    assert "user alice: 4 GPUs in flight + 4 > quota 4" in out["deferred"]
+    assert ledger.get_run("alices-v1-1-paired").attempts == []
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    from rq.registry import ScheduledJobRegistry
+
+    due = ScheduledJobRegistry("testq:high", connection=q.connection).get_job_ids()
+    assert [j.split("-deferred")[0] for j in due] == ["alices-v1-1-paired"]
+
+    def take(key: str):  # type: ignore[no-untyped-def]
+        return ledger.begin_submission(key, actor="worker", worker="w",
+                                       plan=lambda _s, _q: AttemptPlan("local", 4, None, UserQuota(4)))
+
+    took = take("bobs-v1-1-clean")
+    assert took.attempt is not None and took.owner == "bob"
+    with pytest.raises(QuotaExceeded, match="user alice"):
+        take("alices-v1-1-paired")
+    ledger.mark_finished("alices-v1-1-clean", 1, attempt_state="failed", run_state="failed", actor="worker",
+                         reason="ended")
+    took = take("alices-v1-1-paired")
+    assert took.attempt is not None and took.priority == "high"

@@ -48,9 +48,10 @@ READERS = [
     ["logs", LIVE_KEY], ["logs", LIVE_KEY, "--json"], ["notifications"], ["notifications", "--json"],
     ["db", "current", "--json"],
     ["enqueue", "{spec}", "--dry-run"], ["enqueue", "{spec}", "--dry-run", "--json"],
+    ["costs", "--by", "experiment"], ["costs", "--by", "month", "--json"],
 ]
-ROUTES = ["/api/status", "/api/status?runs=1", "/api/components", "/api/experiments/done-exp",
-          f"/api/runs/{LIVE_KEY}", "/", "/experiments/done-exp", f"/runs/{LIVE_KEY}"]
+ROUTES = ["/api/status", "/api/status?runs=1", "/api/components", "/api/experiments/done-exp", "/api/costs",
+          f"/api/runs/{LIVE_KEY}", "/", "/experiments/done-exp", f"/runs/{LIVE_KEY}", "/costs?by=user"]
 API_ROUTES = [r for r in ROUTES if r.startswith("/api/")]
 # Every command that writes (a worker needs a Redis URL, not memory://: nothing listens on port 1,
 # so one that got past the refusal would fail otherwise, exit 4).

@@ -154,6 +154,8 @@ def _fields(cls: type, prefix: str = "GGPO_") -> set[str]:
     """The variable of each Settings field: GGPO_<FIELD>, a nested dataclass's with its name."""
     out = set()
     for f in dataclasses.fields(cls):
+        if f.name in config.DERIVED_FIELDS:
+            continue
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if dataclasses.is_dataclass(default):
             out |= _fields(type(default), f"{prefix}{f.name.upper()}_")

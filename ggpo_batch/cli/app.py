@@ -20,13 +20,15 @@ from ..errors import GgpoError
 
 class App:
     """Per-invocation state: settings, the ledger's engine and the ledger, opened on first use:
-    read-only for a command that only reads (`pass_reader`), else after checking this user may write."""
+    read-only for a command that only reads (`pass_reader`), else after checking this user may write;
+    and who acts (`actor`), established on the ledger's connection."""
 
     def __init__(self) -> None:
         self._settings: Settings | None = None
         self._engine: Any = None
         self._schema_checked = False
         self._ledger: Any = None
+        self._actor: str | None = None
         self.reads_only = False
 
     @property
@@ -34,6 +36,17 @@ class App:
         if self._settings is None:
             self._settings = load_settings()
         return self._settings
+
+    @property
+    def actor(self) -> str:
+        """Who this command acts as on the ledger (ggpo_batch/identity.py): the PostgreSQL role or
+        the OS user, or whom GGPO_USER names where that identity may act for others; refused
+        (exit 6) otherwise, before anything is written."""
+        if self._actor is None:
+            from ..identity import resolve
+
+            self._actor = resolve(self.engine(check=False), self.settings).user
+        return self._actor
 
     def close(self) -> None:
         """Close the ledger's connections when the command ends: closing the last connection to a
@@ -101,6 +114,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
     "reconcile": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
+    "costs": ("cost_cmds",),
     "train": ("train_cmds",),
     "gc": ("gc_cmds",),
 }

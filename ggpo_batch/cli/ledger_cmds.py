@@ -84,7 +84,7 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
     from .. import progress
 
     with progress.shown():
-        rep = import_results(app.ledger(), file, actor=app.settings.user, name=name, method=method)
+        rep = import_results(app.ledger(), file, actor=app.actor, name=name, method=method)
     if as_json:
         echo_json("ledger_import", rep.__dict__)
         return

@@ -62,7 +62,7 @@ def nightly(app: App, seeds: str | None, methods: str | None, corpus: Path | Non
             base = artifact_path(app.settings.data_dir / "nightly", the_night, method, seed_list)
             out = base if output is None else output.with_name(f"{output.stem}-{method}{output.suffix}")
         results.append(run_method_night(ledger, suite=suite, method=method, night=the_night,
-                                        actor=app.settings.user, command=command, output=out, seeds=seed_list,
+                                        actor=app.actor, command=command, output=out, seeds=seed_list,
                                         corpus=corpus, corpus_sha256=corpus_sha256))
     if as_json:
         echo_json("nightly", {"nights": [r.__dict__ for r in results]})

@@ -5,7 +5,18 @@ from __future__ import annotations
 import click
 
 from .. import progress
-from .app import FINITE_VALUE, NAME_VALUE, RUN_KEY_VALUE, TEXT_VALUE, WORKER_VALUE, App, cli, echo_json, pass_app
+from ..priorities import PRIORITIES
+from .app import (
+    FINITE_VALUE,
+    NAME_VALUE,
+    RUN_KEY_VALUE,
+    TEXT_VALUE,
+    WORKER_VALUE,
+    App,
+    cli,
+    echo_json,
+    pass_app,
+)
 
 
 def _csv(value: str | None) -> list[str] | None:
@@ -43,14 +54,17 @@ def _facts(facts: dict) -> str:
 @click.option("--arms", help="Only these arms (comma-separated).")
 @click.option("--seeds", help="Only these seeds (comma-separated).")
 @click.option("--queue", callback=NAME_VALUE, help="Queue name (default: the spec's, else GGPO_QUEUE).")
+@click.option("--priority", type=click.Choice(PRIORITIES),
+              help="high | normal | low (default: the spec's [experiment] priority, else normal): workers take "
+                   "higher priorities first; the Slurm profile maps each to --nice or a QoS.")
 @click.option("--dry-run", is_flag=True, help="Print the runs and their cost estimate; write nothing.")
 @click.option("--new-version", is_flag=True, help="The spec changed on purpose: start a new experiment version.")
 @click.option("--accept-cost", is_flag=True, help="Queue even over a GPU-hour cap (needs --reason).")
 @click.option("--reason", callback=TEXT_VALUE, help="Why the cost is accepted (recorded in the ledger).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
-def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue: str | None, dry_run: bool,
-            new_version: bool, accept_cost: bool, reason: str | None, as_json: bool) -> None:
+def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue: str | None, priority: str | None,
+            dry_run: bool, new_version: bool, accept_cost: bool, reason: str | None, as_json: bool) -> None:
     """Expand SPEC (jobs/*.toml) into arm x seed runs, record them in the ledger and queue them.
 
     Preflight first: what would fail on the allocation (the model directory and tokenizer, the data
@@ -78,7 +92,8 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
     with progress.shown():  # the embedded queue (memory://) runs every job here: show them
         res = enqueue_spec(app.ledger(), app.settings, spec, arms=_csv(arms), seeds=_seeds(seeds), queue=queue,
                            dry_run=dry_run, new_version=new_version,
-                           accept_cost_reason=reason if accept_cost else None, actor=app.settings.user)
+                           accept_cost_reason=reason if accept_cost else None,
+                           actor=app.settings.user if dry_run else app.actor, priority=priority)
     est = {e.run_key: e for e in res.estimate.runs} if res.estimate else {}
     if as_json:
         echo_json("enqueue", {"experiment": res.experiment, "version": res.version, "queue": res.queue, "dry_run": res.dry_run,
@@ -130,14 +145,20 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
 def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, reconcile_interval: int) -> None:
     """Take runs from the queue and submit them through their executor (slurm, local, debug).
 
-    The quota GGPO_QUEUE_GPU_QUOTA defers a run (re-queued after GGPO_DEFER_SECONDS, no attempt
-    counted) rather than failing it. Needs Redis; with GGPO_REDIS_URL=memory:// enqueue runs jobs inline.
+    Higher priorities first (enqueue --priority). The quotas GGPO_QUEUE_GPU_QUOTA (a queue's GPUs in
+    flight), GGPO_USER_GPU_QUOTA and GGPO_ROLE_GPU_QUOTA (one person's) defer a run (re-queued after
+    GGPO_DEFER_SECONDS, no attempt counted) rather than failing it. On a team ledger a worker runs as a
+    service role (member of ggpo_service). Needs Redis; with GGPO_REDIS_URL=memory:// enqueue runs
+    jobs inline.
     """
     from ..worker import run_worker
+
+    from ..ledger.read_only import require_service
 
     if app.settings.inline_queue:
         raise click.UsageError("GGPO_REDIS_URL=memory:// runs jobs inside `enqueue`; a worker needs a Redis server")
     app.ledger()  # refuse a schema that is behind before taking any job
+    require_service(app.engine(), "ggpo-batch worker")
     if not burst:  # a long-lived worker logs; a burst worker is watched by someone waiting for it
         run_worker(app.settings, list(queues) or [app.settings.queue], burst=False, name=name,
                    reconcile_interval=reconcile_interval)
@@ -171,7 +192,7 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
                                                                                           "running"])]
     else:
         keys = [led.get_run(run_key).run_key]  # type: ignore[arg-type]
-    done = cancel_runs(led, app.settings, keys, actor=app.settings.user, reason=reason)
+    done = cancel_runs(led, app.settings, keys, actor=app.actor, reason=reason)
     if as_json:
         echo_json("cancel", {"cancelled": [c.__dict__ for c in done]})
         return
@@ -190,7 +211,7 @@ def retry(app: App, run_key: str, reason: str) -> None:
     """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors."""
     from ..interventions import retry_run
 
-    n = retry_run(app.ledger(), app.settings, run_key, actor=app.settings.user, reason=reason)
+    n = retry_run(app.ledger(), app.settings, run_key, actor=app.actor, reason=reason)
     click.echo(f"{run_key}: queued for attempt {n}")
 
 
@@ -208,16 +229,20 @@ def reconcile(app: App, queues: tuple[str, ...], wait: bool, timeout: float, as_
     resolved (the scheduler has the job: submitted; it does not: lost); queued runs missing from
     Redis (after a flush or restart) are put back.
     """
+    from ..identity import acting
+    from ..ledger.read_only import require_service
     from ..reconcile import reconcile_now, wait_settled
 
     app.ledger()
+    require_service(app.engine(), "ggpo-batch reconcile")
     names = list(queues) or [app.settings.queue]
+    actor = acting(app.actor, "reconcile")
     if wait:
         with progress.shown():
-            left = wait_settled(app.settings, names, timeout=timeout, actor=f"reconcile@{app.settings.user}")
+            left = wait_settled(app.settings, names, timeout=timeout, actor=actor)
         if left:
             raise click.ClickException(f"{left} attempt(s) still active after {timeout:.0f} s")
-    rep = reconcile_now(app.settings, names, actor=f"reconcile@{app.settings.user}")
+    rep = reconcile_now(app.settings, names, actor=actor)
     if as_json:
         echo_json("reconcile", rep.__dict__)
     else:

@@ -244,13 +244,13 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
 
     if not not_reproduced:
         raise click.UsageError("say what is decided: --not-reproduced")
-    out = decide_not_reproduced(app.ledger(), experiment, actor=app.settings.user, reason=reason,
+    out = decide_not_reproduced(app.ledger(), experiment, actor=app.actor, reason=reason,
                                 cost_basis=cost_basis, cost_type=cost_type, available_budget=available_budget,
                                 estimated_gpu_hours=estimated_gpu_hours)
     if as_json:
         echo_json("decide", {"decision": decision_row(out.decision), "runs_not_reproduced": list(out.runs_not_reproduced)})
         return
-    click.echo(f"decided: {experiment} not reproduced (high cost), by {app.settings.user}; "
+    click.echo(f"decided: {experiment} not reproduced (high cost), by {app.actor}; "
                f"{len(out.runs_not_reproduced)} queued runs marked not_reproduced")
 
 

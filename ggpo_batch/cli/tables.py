@@ -132,3 +132,21 @@ def _states(states: dict[str, int], totals: dict[str, Any] | None = None) -> str
     if totals and totals.get("audit_failed"):
         text += f" ({totals['audit_failed']} audit failed)"
     return text
+
+
+def print_costs(view: dict[str, Any]) -> None:
+    """The cost view (reporting/spending.py): one row per group, then the totals."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    since = f" since {view['since']}" if view["since"] else ""
+    t = Table(title=f"costs by {view['by']}{since}", title_justify="left")
+    for col, just in ((view["by"], "left"), ("booked GPU-h", "right"), ("attempts", "right"),
+                      ("decided not spent GPU-h", "right")):
+        t.add_column(col, justify=just)  # type: ignore[arg-type]
+    for r in view["rows"]:
+        t.add_row(escape(_f(r["key"])), _f(r["gpu_hours"]), _f(r["attempts"]), _f(r["decided_not_spent_gpu_hours"]))
+    tot = view["totals"]
+    t.add_row("total", _f(tot["gpu_hours"]), _f(tot["attempts"]), _f(tot["decided_not_spent_gpu_hours"]),
+              style="bold")
+    _console().print(t)

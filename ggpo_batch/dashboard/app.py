@@ -139,6 +139,25 @@ def _float_arg(request: Request, key: str, default: float, lo: float, hi: float)
     return value
 
 
+def _costs_args(request: Request) -> dict[str, Any]:
+    """`costs`' options as query parameters: by (user | experiment | queue | month), since (YYYY-MM-DD)."""
+    from datetime import date
+
+    from ..accounting import COST_GROUPS
+
+    q = request.query_params
+    by = q.get("by") or "user"
+    if by not in COST_GROUPS:
+        raise BadRequest(f"by={by!r}: one of {', '.join(COST_GROUPS)}")
+    since = None
+    if q.get("since"):
+        try:
+            since = date.fromisoformat(q["since"])
+        except ValueError:
+            raise BadRequest(f"since={q['since']!r}: a day, YYYY-MM-DD") from None
+    return {"by": by, "since": since}
+
+
 def create_app(settings: Settings, *, token: str | None = None, host: str = "127.0.0.1") -> Starlette:
     """The dashboard over the ledger of `settings` (opened now: a ledger behind its schema fails here,
     before anything listens). `token`: required on every request; `host`: the bind address (a
@@ -206,6 +225,18 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
         return page(request, "nightly.html", data=views.nightly_view(
             ledger, nights=nights, threshold=_float_arg(request, "threshold", views.THRESHOLD, 0, 1e6))["components"])
 
+    def costs(request: Request) -> Response:
+        from ..accounting import COST_GROUPS
+        from ..reporting.spending import cost_view
+
+        view = cost_view(ledger, **_costs_args(request), default_queue=settings.queue)
+        return page(request, "costs.html", view=view, groups=COST_GROUPS)
+
+    def api_costs(request: Request) -> Response:
+        from ..reporting.spending import cost_view
+
+        return api(versioned("costs", cost_view(ledger, **_costs_args(request), default_queue=settings.queue)))
+
     def api_status(request: Request) -> Response:
         return api(versioned("status", views.status_document(ledger, settings, **_status_args(request))))
 
@@ -235,9 +266,11 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
         Route("/runs/{run_key}", handled(run)),
         Route("/fragments/runs/{run_key}", handled(run_fragment)),
         Route("/nightly", handled(nightly)),
+        Route("/costs", handled(costs)),
         Route("/favicon.ico", lambda _request: Response(status_code=204)),  # none: no 404 in the console
         Route("/api/status", handled(api_status, json_api=True)),
         Route("/api/components", handled(api_components, json_api=True)),
+        Route("/api/costs", handled(api_costs, json_api=True)),
         Route("/api/experiments/{name}", handled(api_experiment, json_api=True)),
         Route("/api/runs/{run_key}", handled(api_run, json_api=True)),
         Mount("/static", StaticFiles(packages=[("ggpo_batch.dashboard", "static")]), name="static"),

@@ -12,6 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from ..accounting import gpu_hours
+from ..priorities import DEFAULT_PRIORITY
 from ..runspec import RunSpec
 from ..states import SCHEDULER_FINAL
 
@@ -71,10 +72,12 @@ class Executor(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+               priority: str = DEFAULT_PRIORITY) -> str:
         """Start the attempt; return the scheduler's job id. Must not submit twice for one (run, attempt):
         with `lookup` it first looks for one; `lookup=False` is for a caller that has just created the
-        attempt (no job can exist for it yet), so the scheduler is not queried once per submission."""
+        attempt (no job can exist for it yet), so the scheduler is not queried once per submission.
+        `priority` (the run's, priorities.py): a scheduler that has priorities maps it onto its own."""
 
     @abc.abstractmethod
     def find(self, spec: RunSpec, attempt: int, folder: Path | None = None) -> str | None:

@@ -18,6 +18,7 @@ import submitit
 from ..allocation import alloc_start_export, record_path
 from ..errors import ExecutorError
 from ..netutil import free_port
+from ..priorities import DEFAULT_PRIORITY
 from ..runspec import RunSpec
 from . import forked
 from .base import Executor, JobInfo
@@ -60,7 +61,8 @@ class LocalExecutor(Executor):
     def _marker(self, folder: Path) -> Path:
         return folder / "job_id"
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+               priority: str = DEFAULT_PRIORITY) -> str:
         existing = self.find(spec, attempt, folder)
         if existing is not None:
             return existing

@@ -4,6 +4,16 @@ Profiles are TOML files `<name>.toml`, looked up on the search path of `datafile
 `~/.config/ggpo-batch/profiles/`, the site's `/etc/ggpo-batch/profiles/`, then the packaged
 `ggpo_batch/data/profiles/`), validated once here and mapped onto submitit's SlurmExecutor
 parameters by `to_submitit_parameters()`.
+
+A `[priority.<high|normal|low>]` table maps a run's priority (ggpo_batch/priorities.py) onto the
+cluster's own: `nice` (sbatch `--nice`, >= 0: a plain user may only lower a job's priority) and/or
+`qos` (replacing the profile's `qos` for runs of that priority). A priority without a table adds
+nothing, so a profile without any submits every run alike:
+
+    [priority.high]
+    qos = "high"
+    [priority.low]
+    nice = 10000
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ from typing import Any
 
 from ..datafiles import find
 from ..errors import SpecError
+from ..priorities import PRIORITIES
 from .pacing import DEFAULT_BURST, DEFAULT_RATE_PER_S, SubmitPace
 
 log = logging.getLogger(__name__)
@@ -30,8 +41,9 @@ _EXTRA_LINE = re.compile(r"^--(?P<key>[a-z][a-z0-9-]*)(=(?P<value>[A-Za-z0-9_.,:
 # Flags our own parameters set; an extra line may not override them behind the profile's back.
 _OWNED_FLAGS = frozenset(
     {"job-name", "comment", "nodes", "gpus-per-node", "ntasks-per-node", "cpus-per-task", "mem", "time", "partition",
-     "account", "qos", "constraint", "output", "error", "signal", "array", "wrap", "requeue", "no-requeue"}
+     "account", "qos", "constraint", "output", "error", "signal", "array", "wrap", "requeue", "no-requeue", "nice"}
 )
+NICE_MAX = 2147483645  # Slurm's largest nice value
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,16 @@ class SlurmProfile:
     # default Slurm's own per-user RPC limit; 0 turns pacing off (a cluster of your own)
     submit_burst: int = DEFAULT_BURST
     submit_rate_per_s: float = DEFAULT_RATE_PER_S
+    # (priority, nice or None, qos or None) for each priority the profile maps (the module docstring)
+    priorities: tuple[tuple[str, int | None, str | None], ...] = ()
+
+    def priority_parameters(self, priority: str) -> dict[str, Any]:
+        """The submitit parameters a run of `priority` adds to the profile's: `qos`, `nice` (which
+        the executor passes to sbatch as `--nice`)."""
+        for name, nice, qos in self.priorities:
+            if name == priority:
+                return {k: v for k, v in (("nice", nice), ("qos", qos)) if v is not None}
+        return {}
 
     @property
     def pace(self) -> SubmitPace:
@@ -128,7 +150,7 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
     schema = data.pop("schema", PROFILE_SCHEMA)
     if schema != PROFILE_SCHEMA:
         raise SpecError(path, "schema", f"profile schema {schema!r} is not supported (this release reads {PROFILE_SCHEMA})")
-    known = {f.name for f in fields(SlurmProfile)} - {"name"}
+    known = ({f.name for f in fields(SlurmProfile)} - {"name", "priorities"}) | {"priority"}
     unknown = sorted(set(data) - known)
     if unknown:
         raise SpecError(path, unknown[0], f"unknown profile key (known: {', '.join(sorted(known))})")
@@ -162,6 +184,8 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
                 if "\n" in line or "\r" in line:
                     raise SpecError(path, f"{key}[{i}]", "must be one line")
             kw[key] = tuple(lines)
+    if "priority" in data:
+        kw["priorities"] = _priorities(path, data["priority"])
     for i, line in enumerate(kw.get("extra_sbatch", ())):
         m = _EXTRA_LINE.match(line)
         if not m:
@@ -169,6 +193,33 @@ def profile_from_mapping(data: dict[str, Any], path: Path, name: str) -> SlurmPr
         if m.group("key") in _OWNED_FLAGS:
             raise SpecError(path, f"extra_sbatch[{i}]", f"--{m.group('key')} is set by the profile's own keys or by the executor")
     return SlurmProfile(name=name, **kw)
+
+
+def _priorities(path: Path, table: Any) -> tuple[tuple[str, int | None, str | None], ...]:
+    if not isinstance(table, dict):
+        raise SpecError(path, "priority", f"must be a table of [priority.<{'|'.join(PRIORITIES)}>] tables")
+    out = []
+    for name, entry in table.items():
+        where = f"priority.{name}"
+        if name not in PRIORITIES:
+            raise SpecError(path, where, f"unknown priority (priorities: {', '.join(PRIORITIES)})")
+        if not isinstance(entry, dict):
+            raise SpecError(path, where, "must be a table with nice and/or qos")
+        unknown = sorted(set(entry) - {"nice", "qos"})
+        if unknown:
+            raise SpecError(path, f"{where}.{unknown[0]}", "unknown key (known: nice, qos)")
+        nice = entry.get("nice")
+        if nice is not None:
+            _check(path, f"{where}.nice", nice, int, minimum=0)
+            if nice > NICE_MAX:
+                raise SpecError(path, f"{where}.nice", f"must be at most {NICE_MAX}, got {nice}")
+        qos = entry.get("qos")
+        if qos is not None:
+            _check(path, f"{where}.qos", qos, str)
+            if not _SAFE_VALUE.match(qos):
+                raise SpecError(path, f"{where}.qos", f"{qos!r} has characters Slurm or a shell would misread")
+        out.append((name, nice, qos))
+    return tuple(sorted(out, key=lambda p: PRIORITIES.index(p[0])))
 
 
 def load_profile(name_or_path: str | Path, search_dirs: Path | Sequence[Path] | None = None) -> SlurmProfile:

@@ -45,6 +45,7 @@ from ..allocation import (
     time_limit_export,
 )
 from ..errors import ExecutorError, GgpoError
+from ..priorities import DEFAULT_PRIORITY
 from ..runspec import RunSpec
 from .base import Executor, JobAccount, JobInfo, job_name
 from .pacing import Bucket, Unpaced, make_bucket
@@ -216,7 +217,8 @@ class SlurmExecutor(Executor):
             log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
         return min(ids, key=_id_key) if ids else None
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
+    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+               priority: str = DEFAULT_PRIORITY) -> str:
         name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
         existing = self.find_by(name, comment) if lookup else None
         if existing is not None:
@@ -235,7 +237,8 @@ class SlurmExecutor(Executor):
 
         folder = Path(folder)
         payload = make_payload(spec, record_path(folder))
-        return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries)
+        return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries,
+                                    **self.profile.priority_parameters(priority))
 
     def submit_callable(
         self, fn: Callable[[], Any], name: str, comment: str, *, folder: Path | None = None, requeues: int = 0,
@@ -272,6 +275,9 @@ class SlurmExecutor(Executor):
         # spec allows requeues; with an allowance Requeueable (preemption) and Slurm (node failure) may.
         extra = {k: v for k, v in params.get("additional_parameters", {}).items() if k not in ("requeue", "no_requeue")}
         extra["requeue" if requeues > 0 else "no_requeue"] = True
+        nice = params.pop("nice", None)  # a run's priority (profile.priority_parameters): not a submitit parameter
+        if nice is not None:
+            extra["nice"] = nice
         params["additional_parameters"] = extra
         # The batch script's first lines: the allocation's start (the job's own GPU-hour clock), its
         # time limit and signal delay (the job's save deadline), then the ranks' rendezvous port.

@@ -7,11 +7,21 @@ from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Row, and_, bindparam, func, insert, select, update
+from sqlalchemy import (
+    Connection,
+    Row,
+    and_,
+    bindparam,
+    func,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 
 from ..errors import LedgerError
+from ..priorities import DEFAULT_PRIORITY
 from ..states import (
     ATTEMPT_FINAL,
     ATTEMPT_KIND_CONTINUATION,
@@ -19,7 +29,7 @@ from ..states import (
     IN_FLIGHT_ATTEMPT_STATES,
     UNSUBMITTED_ATTEMPT_END,
 )
-from .core import LedgerCore
+from .core import LedgerCore, missing_run
 from .events import RowEvents
 from .schema import (
     Attempt,
@@ -49,8 +59,9 @@ _LAST_READ = ("number", "state", "worker")
 # past it (from the run's checkpoint): its kind is continuation.
 _TIMED_OUT = (select(func.count()).select_from(_ATT)
               .where(_ATT.c.run_id == _RUN.c.id, _ATT.c.state == "timeout").scalar_subquery())
-_SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _EXP.c.queue,
-                          *(_LAST.c[c].label(f"last_{c}") for c in _LAST_READ), _TIMED_OUT.label("timed_out"))
+_SUBMISSION_ROW = (select(*(_RUN.c[c] for c in _RUN_READ), _RUN.c.run_spec, _RUN.c.priority, _EXP.c.queue,
+                          _EXP.c.created_by.label("owner"), *(_LAST.c[c].label(f"last_{c}") for c in _LAST_READ),
+                          _TIMED_OUT.label("timed_out"))
                    .join_from(_RUN, _EXP, _EXP.c.id == _RUN.c.experiment_id)
                    .outerjoin(_LAST, and_(_LAST.c.run_id == _RUN.c.id,
                                           _LAST.c.number == select(func.max(_ATT.c.number))
@@ -69,8 +80,6 @@ _RUN_WITH_ATTEMPTS = (select(*(_RUN.c[c] for c in _RUN_READ), *(_ATT.c[c].label(
 _ATTEMPT_STATE = (select(_ATT.c.state).join_from(_ATT, _RUN, _RUN.c.id == _ATT.c.run_id)
                   .where(_RUN.c.run_key == bindparam("key"), _ATT.c.number == bindparam("number")))
 _NEW_ATTEMPT_ROW = insert(_ATT)
-_UPDATE_ATTEMPT = update(_ATT).where(_ATT.c.id == bindparam("row_id"))
-_UPDATE_RUN = update(_RUN).where(_RUN.c.id == bindparam("row_id"))
 
 
 class _Last(NamedTuple):
@@ -82,30 +91,45 @@ class _Last(NamedTuple):
 
 
 class QuotaExceeded(LedgerError):
-    """Submitting would put a queue over its GPU quota; the run stays queued (deferred)."""
+    """Submitting would put a queue (or one person's runs) over its GPU quota; the run stays queued
+    (deferred)."""
 
-    def __init__(self, queue: str, used: int, gpus: int, limit: int) -> None:
-        super().__init__(f"queue {queue}: {used} GPUs in flight + {gpus} > quota {limit}")
+    def __init__(self, queue: str, used: int, gpus: int, limit: int, *, whose: str = "queue") -> None:
+        super().__init__(f"{whose} {queue}: {used} GPUs in flight + {gpus} > quota {limit}")
         self.queue, self.used, self.gpus, self.limit = queue, used, gpus, limit
+        self.priority = DEFAULT_PRIORITY
+
+
+class UserQuota(NamedTuple):
+    """The GPUs one person's runs may hold in flight: `default` (0: no limit), or for a member of
+    one of `by_role`'s PostgreSQL roles the largest of theirs."""
+
+    default: int
+    by_role: tuple[tuple[str, int], ...] = ()
 
 
 class AttemptPlan(NamedTuple):
-    """How to begin an attempt: its executor, its GPUs, and the quota it must fit under
-    ((queue, max GPUs in flight), or None)."""
+    """How to begin an attempt: its executor, its GPUs, the quota it must fit under ((queue, max
+    GPUs in flight), or None), and the per-person quota of the run's owner (the experiment's
+    creator), or None."""
 
     executor: str
     gpus: int
     quota: tuple[str, int] | None = None
+    user_quota: UserQuota | None = None
 
 
 class Submission(NamedTuple):
     """What `begin_submission` found and did: the run's state, spec and experiment queue as it
-    locked them, and the attempt it began (None when the run was not queued)."""
+    locked them, and the attempt it began (None when the run was not queued); the run's priority
+    and owner (who created its experiment)."""
 
     state: str
     run_spec: dict[str, Any]
     queue: str | None
     attempt: Attempt | None
+    priority: str = DEFAULT_PRIORITY
+    owner: str | None = None
 
 
 class AttemptTransitions(LedgerCore):
@@ -127,7 +151,7 @@ class AttemptTransitions(LedgerCore):
             last = conn.execute(_LAST_ATTEMPT, {"run": run.id}).one_or_none()
             timed_out = bool(conn.scalar(_RUN_TIMED_OUT, {"run": run.id}))
             return self._begin(conn, run, last, AttemptPlan(executor, gpus, quota), actor=actor, worker=worker,
-                               continues=timed_out)
+                               owner=None, continues=timed_out)
 
     def begin_submission(self, run_key: str, *, actor: str, worker: str | None,
                          plan: Callable[[dict[str, Any], str | None], AttemptPlan]) -> Submission:
@@ -138,22 +162,28 @@ class AttemptTransitions(LedgerCore):
         with self.transaction() as conn:
             row = conn.execute(_SUBMISSION_ROW, {"key": run_key}).one_or_none()
             if row is None:
-                raise LedgerError(f"no run {run_key!r} in the ledger")
+                raise missing_run(conn, run_key)
             fields = row._asdict()
-            run_spec, queue = fields.pop("run_spec"), fields.pop("queue")
+            run_spec, queue, priority, owner = (fields.pop(k) for k in ("run_spec", "queue", "priority", "owner"))
             last = _Last(*(fields.pop(f"last_{c}") for c in _LAST_READ))
             timed_out = bool(fields.pop("timed_out"))
             run = Run(**fields)
             if run.state != "queued":
-                return Submission(run.state, run_spec, queue, None)
-            att = self._begin(conn, run, last if last.number is not None else None, plan(run_spec, queue),
-                              actor=actor, worker=worker, continues=timed_out)
-            return Submission(run.state, run_spec, queue, att)
+                return Submission(run.state, run_spec, queue, None, priority, owner)
+            try:
+                att = self._begin(conn, run, last if last.number is not None else None, plan(run_spec, queue),
+                                  actor=actor, worker=worker, owner=owner,
+                                  continues=timed_out)
+            except QuotaExceeded as exc:
+                exc.priority = priority  # the deferred run goes back on its own priority's queue
+                raise
+            return Submission(run.state, run_spec, queue, att, priority, owner)
 
     def _begin(self, conn: Connection, run: Run, last: _Last | Row[Any] | None, plan: AttemptPlan, *, actor: str,
-               worker: str | None, continues: bool = False) -> Attempt:
+               worker: str | None, owner: str | None, continues: bool = False) -> Attempt:
         """Begin the next attempt of `run` (queued, locked by this transaction) after `last`, its
         latest attempt (number, state, worker; None if it has none), and end the transaction.
+        `owner`: who created the run's experiment (read if None and the plan has a user quota).
         `continues`: an earlier attempt ended at its time limit, so this one is a continuation."""
         if last is not None and last.state == "submitting":
             raise LedgerError(f"run {run.run_key}: attempt {last.number} is being submitted by {last.worker}")
@@ -163,16 +193,48 @@ class AttemptTransitions(LedgerCore):
             used = self._in_flight(conn, queue)
             if used + plan.gpus > limit:
                 raise QuotaExceeded(queue, used, plan.gpus, limit)
+        if plan.user_quota is not None:
+            if owner is None:
+                owner = conn.scalar(select(_EXP.c.created_by).where(_EXP.c.id == run.experiment_id))
+            self._check_user_quota(conn, owner or "", plan.gpus, plan.user_quota)
         kind = ATTEMPT_KIND_CONTINUATION if continues else ATTEMPT_KIND_TRAINING
         att = Attempt(run_id=run.id, number=(last.number + 1) if last else 1, executor=plan.executor, kind=kind,
                       state="submitting", gpus=plan.gpus, submitted_by=actor, worker=worker, created_at=utcnow())
         att.id = conn.execute(_NEW_ATTEMPT_ROW, {c: getattr(att, c) for c in _NEW_ATTEMPT}).inserted_primary_key[0]
         events = RowEvents(actor)
         events.add(entity="attempt", to_state="submitting", run=run, attempt_id=att.id)
-        with self.commit_after(conn):
+        with self.commit_after(conn) as update_row:
             events.write(conn)
-            conn.execute(_UPDATE_RUN, {"row_id": run.id, "worker": worker})
+            update_row(_RUN, run.id, {"worker": worker}, f"beginning run {run.run_key}")
         return att
+
+    def _check_user_quota(self, conn: Connection, owner: str, gpus: int, quota: UserQuota) -> None:
+        """Raise QuotaExceeded if `owner`'s runs would hold more GPUs than their quota with `gpus`
+        more; checked under a lock of theirs, so two workers cannot both pass it."""
+        limit = self._user_limit(conn, owner, quota)
+        if limit <= 0:
+            return
+        self._lock_queue(conn, f"user:{owner}")
+        used = int(conn.scalar(select(func.coalesce(func.sum(_ATT.c.gpus), 0))
+                               .join_from(_ATT, _RUN, _RUN.c.id == _ATT.c.run_id)
+                               .join(_EXP, _EXP.c.id == _RUN.c.experiment_id)
+                               .where(_ATT.c.state.in_(IN_FLIGHT_ATTEMPT_STATES), _EXP.c.created_by == owner)) or 0)
+        if used + gpus > limit:
+            raise QuotaExceeded(owner, used, gpus, limit, whose="user")
+
+    @staticmethod
+    def _user_limit(conn: Connection, owner: str, quota: UserQuota) -> int:
+        """The quota of `owner`: the largest of the per-role limits of the PostgreSQL roles they are a
+        member of, else the default. SQLite has no roles: the default."""
+        if not quota.by_role or conn.dialect.name != "postgresql":
+            return quota.default
+        roles = [role for role, _ in quota.by_role]
+        mine = set(conn.scalars(text(
+            "SELECT r FROM unnest(CAST(:roles AS text[])) AS r WHERE to_regrole(:owner) IS NOT NULL "
+            "AND to_regrole(r) IS NOT NULL AND pg_has_role(to_regrole(:owner), to_regrole(r), 'MEMBER')"),
+            {"roles": roles, "owner": owner}))
+        limits = [gpus for role, gpus in quota.by_role if role in mine]
+        return max(limits) if limits else quota.default
 
     @staticmethod
     def _run_row(conn: Connection, run_key: str) -> Run:
@@ -180,7 +242,7 @@ class AttemptTransitions(LedgerCore):
         experiment, no attempts): what the row-level transitions below check and change."""
         row = conn.execute(_RUN_ROW, {"key": run_key}).one_or_none()
         if row is None:
-            raise LedgerError(f"no run {run_key!r} in the ledger")
+            raise missing_run(conn, run_key)
         return Run(**row._mapping)
 
     def _attempt_row(self, conn: Connection, run_key: str, number: int) -> tuple[Run, Attempt]:
@@ -188,7 +250,7 @@ class AttemptTransitions(LedgerCore):
         the rows of one query."""
         rows = conn.execute(_RUN_WITH_ATTEMPTS, {"key": run_key}).all()
         if not rows:
-            raise LedgerError(f"no run {run_key!r} in the ledger")
+            raise missing_run(conn, run_key)
         run = Run(**{c: getattr(rows[0], c) for c in _RUN_READ})
         attempts = [Attempt(**{c: getattr(r, f"attempt_{c}") for c in _ATT_COLS}) for r in rows
                     if r.attempt_id is not None]
@@ -203,10 +265,11 @@ class AttemptTransitions(LedgerCore):
         """Store what a row-level transition changed, and end its transaction: the attempt's
         transition columns, the run's state columns (with `run_values`, e.g. its result), and the
         events, sent with the commit."""
-        with self.commit_after(conn):
-            conn.execute(_UPDATE_ATTEMPT, {"row_id": att.id, **{c: getattr(att, c) for c in _ATT_WRITE}})
-            conn.execute(_UPDATE_RUN, {"row_id": run.id, **{c: getattr(run, c) for c in _RUN_WRITE},
-                                       **(run_values or {})})
+        with self.commit_after(conn) as update_row:
+            update_row(_ATT, att.id, {c: getattr(att, c) for c in _ATT_WRITE},
+                       f"attempt {att.number} of run {run.run_key}")
+            update_row(_RUN, run.id, {**{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})},
+                       f"run {run.run_key}")
             events.write(conn)
 
     @staticmethod

@@ -14,17 +14,33 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine, func, select
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    Engine,
+    Executable,
+    String,
+    Table,
+    bindparam,
+    func,
+    literal_column,
+    select,
+    update,
+)
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
 
-from ..errors import LedgerError, Unavailable
+from ..errors import GgpoError, LedgerError, NotPermitted, Unavailable
+from ..priorities import DEFAULT_PRIORITY
 from .events import check_move, event_row, notice_of, notification_row
+from .read_only import write_refused
 from .schema import (
     Attempt,
     Decision,
     Event,
     Notification,
+    Experiment,
     Run,
     utcnow,
 )
@@ -46,6 +62,7 @@ class NewRun:
     run_spec: Mapping[str, Any]
     retries_allowed: int = 0
     estimated_gpu_hours: float | None = None
+    priority: str = DEFAULT_PRIORITY
 
 
 def _retrying(method: Callable[..., T]) -> Callable[..., T]:
@@ -97,9 +114,14 @@ class LedgerCore:
 
     @contextmanager
     def session(self) -> Iterator[Session]:
-        """One transaction: committed on success, rolled back on any error."""
-        with self._sessions() as s, s.begin():
-            yield s
+        """One transaction: committed on success, rolled back on any error. An ORM UPDATE that
+        changed no row (the database's row-level security filtered it out, silently) rolls it
+        back and is refused (NotPermitted), never reported as done."""
+        try:
+            with self._sessions() as s, s.begin():
+                yield s
+        except StaleDataError as exc:
+            raise unchanged("changing the ledger", str(exc).splitlines()[0]) from None
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -108,7 +130,7 @@ class LedgerCore:
             yield conn
 
     @contextmanager
-    def commit_after(self, conn: Connection) -> Iterator[None]:
+    def commit_after(self, conn: Connection) -> Iterator[RowUpdater]:
         """The last writes of a `transaction()`, sent with its COMMIT: on PostgreSQL (psycopg) in one
         pipeline, so no statement waits for its reply. The tail then waits twice (the COMMIT, and
         the pipeline's closing sync, which psycopg always sends) instead of once per statement plus
@@ -117,18 +139,47 @@ class LedgerCore:
         and nothing may follow it: the transaction has ended. Elsewhere (SQLite, another
         PostgreSQL driver) the statements run one by one and the transaction ends as usual.
 
+        It yields `update_row(table, row_id, values, what)`, the UPDATE of one row by its id, which
+        must change that row: row-level security filters an UPDATE it does not allow to zero rows,
+        silently, and a transition so filtered must be refused, not reported done. Without the
+        pipeline its row count is checked at once (NotPermitted); in the pipeline, where row counts
+        come back only with the replies, the database checks it: the UPDATE runs inside a statement
+        that calls `ggpo_changed(count, what)` (migration 0007), which raises insufficient_privilege
+        unless one row changed, so the COMMIT fails and the transaction is rolled back whole, at no
+        extra wait (NotPermitted too).
+
         After an error the connection is discarded, not returned to the pool: a pipeline aborted
         part-way can leave its session inside the transaction (seen once in 300 refused tails,
         the next user of the connection then failing with "connection in transaction status")."""
         if conn.dialect.driver != "psycopg":
-            yield
+            def update_row(table: Table, row_id: int, values: Mapping[str, Any], what: str) -> None:
+                result = conn.execute(_row_update(table, tuple(values), guarded=False),
+                                      {"row_id": row_id, **{f"v_{k}": v for k, v in values.items()}})
+                expect_rows(result, 1, what)
+
+            yield update_row
             return
+
+        def guarded_row(table: Table, row_id: int, values: Mapping[str, Any], what: str) -> None:
+            conn.execute(_row_update(table, tuple(values), guarded=True),
+                         {"row_id": row_id, "what": what, **{f"v_{k}": v for k, v in values.items()}})
+
+        committed = False
         try:
             with conn.connection.dbapi_connection.pipeline():  # type: ignore[union-attr]
-                yield
+                yield guarded_row
                 conn.commit()
-        except BaseException:
+                committed = True
+        except BaseException as exc:
             conn.invalidate()
+            if committed and isinstance(exc, Exception):
+                # The COMMIT was answered; only the pipeline's closing sync failed (the server went
+                # away just then): the transition is written, and must not be retried as if it were not.
+                log.warning("ledger: the connection failed after a commit (%s); the transaction is committed",
+                            str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                return
+            if isinstance(exc, DBAPIError) and (refused := write_refused(exc)) is not None:
+                raise refused from None
             raise
 
     @contextmanager
@@ -198,7 +249,7 @@ class LedgerCore:
     def _locked_run(s: Session, run_key: str) -> Run:
         run = s.scalars(select(Run).where(Run.run_key == run_key).with_for_update(of=Run)).unique().one_or_none()
         if run is None:
-            raise LedgerError(f"no run {run_key!r} in the ledger")
+            raise missing_run(s.connection(), run_key)
         return run
 
     def _move(self, s: Session, run: Run, to: str, actor: str, reason: str | None,
@@ -208,6 +259,52 @@ class LedgerCore:
                     attempt=attempt)
         run.state = to
         run.updated_at = utcnow()
+
+
+def unchanged(what: str, detail: str) -> NotPermitted:
+    """The refusal of a write the database silently did not make (an UPDATE of zero rows)."""
+    return NotPermitted(what, f"the database changed no row ({detail}): its row-level security does not let this "
+                              f"role change it; nothing was written")
+
+
+def expect_rows(result: CursorResult[Any], rows: int, what: str) -> None:
+    """Refuse (NotPermitted) an UPDATE that changed another number of rows than `rows`."""
+    if result.rowcount != rows:
+        raise unchanged(what, f"{result.rowcount} of {rows} row(s) updated")
+
+
+RowUpdater = Callable[[Table, int, Mapping[str, Any], str], None]
+
+
+@functools.lru_cache(maxsize=64)
+def _row_update(table: Table, columns: tuple[str, ...], *, guarded: bool) -> Executable:
+    """UPDATE `table` SET `columns` (parameters `v_<column>`) WHERE id = :row_id; `guarded`: inside
+    `SELECT ggpo_changed(count(*), :what) FROM (the UPDATE ... RETURNING 1)`. Built once per shape."""
+    stmt = update(table).where(table.c.id == bindparam("row_id")).values(
+        {c: bindparam(f"v_{c}", type_=table.c[c].type) for c in columns})
+    if not guarded:
+        return stmt
+    changed = stmt.returning(literal_column("1")).cte("changed")
+    return select(func.ggpo_changed(func.count(), bindparam("what", type_=String))).select_from(changed)
+
+
+_RUN_OWNER = (select(Experiment.created_by, Experiment.name, func.session_user().label("role"))
+              .join(Run, Run.experiment_id == Experiment.id))
+
+
+def missing_run(conn: Connection, run_key: str) -> GgpoError:
+    """The error for a run that a locking read (SELECT ... FOR UPDATE) did not return: absent
+    (LedgerError), or there but hidden from this role's changes by row-level security, which applies
+    its UPDATE policies to a locking read (NotPermitted: nothing is changed)."""
+    if conn.dialect.name != "postgresql":
+        return LedgerError(f"no run {run_key!r} in the ledger")
+    row = conn.execute(_RUN_OWNER.where(Run.run_key == run_key)).one_or_none()
+    if row is None:
+        return LedgerError(f"no run {run_key!r} in the ledger")
+    return NotPermitted(f"changing run {run_key}", f"it belongs to {row.created_by}'s experiment {row.name}, and the "
+                        f"ledger's row-level security lets the PostgreSQL role {row.role!r} change only the runs of "
+                        f"its own experiments (a lead: also of its teams' members; a service: all); nothing was "
+                        f"changed")
 
 
 def _wrap_public(cls: type) -> None:

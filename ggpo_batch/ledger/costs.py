@@ -1,17 +1,19 @@
 """Decisions and the cost guard's queries: history of succeeded attempts, committed GPU-hours,
-and decisions that move runs in the same transaction."""
+decisions that move runs in the same transaction; and the cost view's one query (`cost_rows`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
-from sqlalchemy import func, select, update
+from sqlalchemy import ColumnElement, func, literal, null, select, union_all, update
 
+from ..accounting import COST_GROUPS
 from ..errors import LedgerError
 from ..states import UNFINISHED_RUN_STATES
-from .core import LedgerCore, NewRun
+from .core import LedgerCore, NewRun, expect_rows
 from .schema import (
     Attempt,
     Decision,
@@ -22,8 +24,26 @@ from .schema import (
 log = logging.getLogger(__name__)
 
 
+class CostRow(NamedTuple):
+    """One group of the cost view: GPU-hours booked (every attempt's, the scheduler's figure else the
+    job's own), attempts, and GPU-hours decided not to spend (estimates of runs not reproduced, and
+    of decisions made before an experiment had runs)."""
+
+    key: str | None
+    gpu_hours: float
+    attempts: int
+    decided_not_spent_gpu_hours: float
+
+
+def _month(dialect: str, when: ColumnElement[Any]) -> ColumnElement[Any]:
+    """YYYY-MM of a UTC time column: PostgreSQL's timestamptz in UTC; SQLite's text as stored."""
+    if dialect == "postgresql":
+        return func.to_char(func.timezone("UTC", when), "YYYY-MM")
+    return func.substr(when, 1, 7)
+
+
 class CostRecords(LedgerCore):
-    """Decisions and what the cost guard reads."""
+    """Decisions, what the cost guard reads, and the cost view (`cost_rows`)."""
 
     def record_decision(self, *, experiment_name: str, kind: str, actor: str, experiment_id: int | None = None,
                         **fields: Any) -> Decision:
@@ -108,7 +128,8 @@ class CostRecords(LedgerCore):
                                          states=["not_reproduced"] * len(new_runs), reason=why)
                 experiment_id = exp.id
                 if rows:
-                    s.execute(update(Run).where(Run.id.in_(rows)).values(cause=why))
+                    done = s.execute(update(Run).where(Run.id.in_(rows)).values(cause=why))
+                    expect_rows(done, len(rows), f"deciding the runs of {experiment_name}")  # type: ignore[arg-type]
                 moved = [nr.run_key for nr in new_runs]
             elif run_state is not None and experiment_id is not None:
                 source = "queued" if run_state == "not_reproduced" else "not_reproduced"
@@ -129,3 +150,38 @@ class CostRecords(LedgerCore):
                         decision=d)
             log.info("decision %s on %s by %s; runs moved: %d", kind, experiment_name, actor, len(moved))
             return d, moved
+
+    def cost_rows(self, by: str, *, since: datetime | None = None, default_queue: str) -> list[CostRow]:
+        """The cost view grouped `by` user (who created the experiment: who is charged), experiment
+        (name, all versions), queue or month (when each was booked), from `since` on: ONE query, a
+        UNION ALL of attempts, runs decided not reproduced and decisions without runs, grouped once.
+        `--since` reads attempts through `ix_attempts_booked_at`."""
+        if by not in COST_GROUPS:
+            raise LedgerError(f"costs are grouped by {', '.join(COST_GROUPS)}, not {by!r}")
+        att, run, exp, dec = Attempt.__table__.c, Run.__table__.c, Experiment.__table__.c, Decision.__table__.c
+        dialect = self.engine.dialect.name
+        booked_at = func.coalesce(att.ended_at, att.created_at)  # the expression of ix_attempts_booked_at
+        keys = {"user": (exp.created_by, exp.created_by, dec.decided_by),
+                "experiment": (exp.name, exp.name, dec.experiment_name),
+                "queue": (func.coalesce(exp.queue, default_queue),) * 2 + (null(),),
+                "month": (_month(dialect, booked_at), _month(dialect, run.updated_at), _month(dialect, dec.decided_at))}[by]
+        zero, none = literal(0.0), literal(0)
+        spent = (select(keys[0].label("key"), func.coalesce(att.gpu_hours_scheduler, att.gpu_hours_job, 0.0).label("gpu"),
+                        literal(1).label("n"), zero.label("decided"))
+                 .select_from(Attempt.__table__.join(Run.__table__, run.id == att.run_id)
+                              .join(Experiment.__table__, exp.id == run.experiment_id)))
+        decided = (select(keys[1], zero, none, func.coalesce(run.estimated_gpu_hours, 0.0))
+                   .select_from(Run.__table__.join(Experiment.__table__, exp.id == run.experiment_id))
+                   .where(run.state == "not_reproduced"))
+        from ..costguard import KIND_NOT_REPRODUCED
+
+        before = (select(keys[2], zero, none, func.coalesce(dec.estimated_gpu_hours, 0.0))
+                  .where(dec.experiment_id.is_(None), dec.kind == KIND_NOT_REPRODUCED))
+        if since is not None:
+            spent, decided, before = (spent.where(booked_at >= since), decided.where(run.updated_at >= since),
+                                      before.where(dec.decided_at >= since))
+        parts = union_all(spent, decided, before).subquery()
+        query = (select(parts.c.key, func.sum(parts.c.gpu), func.sum(parts.c.n), func.sum(parts.c.decided))
+                 .group_by(parts.c.key).order_by(parts.c.key))
+        with self.reading() as conn:
+            return [CostRow(k, float(g or 0.0), int(n or 0), float(d or 0.0)) for k, g, n, d in conn.execute(query)]

@@ -55,7 +55,7 @@ from ..errors import NotPermitted
 log = logging.getLogger(__name__)
 
 # What a reader of a ledger it may not write can still run (named in the refusals).
-READING_COMMANDS = ("status, report, ledger export, logs, notifications, dashboard, db current, "
+READING_COMMANDS = ("status, report, costs, ledger export, logs, notifications, dashboard, db current, "
                     "enqueue --dry-run")
 
 Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
@@ -214,6 +214,24 @@ def _pg_write_problem(engine: Engine) -> str | None:
         return (f"the PostgreSQL role {row.role!r} has no CREATE privilege on schema {row.schema!r} to make "
                 f"the ledger's tables")
     return None
+
+
+_PG_BOOKS_ATTEMPTS = text("SELECT session_user AS role, to_regclass('attempts') IS NULL "
+                          "OR has_column_privilege('attempts', 'gpu_hours_scheduler', 'UPDATE') AS may")
+
+
+def require_service(engine: Engine, command: str) -> None:
+    """Refuse (NotPermitted, exit 6) a command that books every run's attempts (`worker`,
+    `reconcile`) to a PostgreSQL role that may not: on a team ledger that is the workers' service
+    role's work (a member of ggpo_service; the ledger's owner may too). SQLite: nothing to check."""
+    if engine.dialect.name != "postgresql":
+        return
+    with engine.connect() as conn:
+        row = conn.execute(_PG_BOOKS_ATTEMPTS).one()
+    if not row.may:
+        raise NotPermitted(f"`{command}` books the attempts of every run", f"the PostgreSQL role {row.role!r} may "
+                           f"not update attempts: on a team ledger that is the workers' service role's work (a member "
+                           f"of ggpo_service); members enqueue, cancel, retry and decide")
 
 
 # PostgreSQL's insufficient_privilege, and read_only_sql_transaction (a write in a reading command).

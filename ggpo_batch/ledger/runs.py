@@ -23,7 +23,7 @@ from .schema import (
 )
 
 _RUN_COLUMNS = ("experiment_id", "run_key", "arm", "seed", "state", "config_hash", "run_spec", "retries_allowed",
-                "estimated_gpu_hours")
+                "estimated_gpu_hours", "priority")
 
 
 class RunTransitions(LedgerCore):
@@ -69,7 +69,8 @@ class RunTransitions(LedgerCore):
             return self._insert_runs(s, experiment_id, runs, [state] * len(runs), actor=actor, reason=reason)
 
     def _insert_runs(self, s: Session, experiment_id: int, runs: Sequence[NewRun], states: Sequence[str], *,
-                     actor: str, reason: str | None, ids: bool = True) -> list[int]:
+                     actor: str, reason: str | None, ids: bool = True,
+                     results: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
         """Insert runs and their first events; returns the runs' ids in `runs` order (with `ids`;
         reading them back is a fifth of the time of 10,000 runs on PostgreSQL, so an enqueue,
         which does not need them, skips it and gets []).
@@ -81,10 +82,14 @@ class RunTransitions(LedgerCore):
         if not runs:
             return []
         now = utcnow()
-        insert_rows(s, Run.__table__, _RUN_COLUMNS,
-                    ((experiment_id, nr.run_key, nr.arm, nr.seed, st, nr.config_hash, nr.run_spec, nr.retries_allowed,
-                      nr.estimated_gpu_hours) for nr, st in zip(runs, states)),
-                    constants={"created_at": now, "updated_at": now})
+        rows = ((experiment_id, nr.run_key, nr.arm, nr.seed, st, nr.config_hash, nr.run_spec, nr.retries_allowed,
+                 nr.estimated_gpu_hours, nr.priority) for nr, st in zip(runs, states))
+        if results is None:
+            insert_rows(s, Run.__table__, _RUN_COLUMNS, rows, constants={"created_at": now, "updated_at": now})
+        else:  # a JSON column given None would store JSON null, not NULL: only where there are results
+            insert_rows(s, Run.__table__, (*_RUN_COLUMNS, "result"),
+                        ((*row, dict(res)) for row, res in zip(rows, results)),
+                        constants={"created_at": now, "updated_at": now})
         these = (Run.experiment_id == experiment_id) & (Run.created_at == now)
         at = literal(now, type_=Event.__table__.c.at.type)
         s.connection().execute(insert(Event.__table__).from_select(
@@ -107,11 +112,11 @@ class RunTransitions(LedgerCore):
         with self.session() as s:
             exp, rows = self._create(s, name=name, version=version, method=method, source="import",
                                      spec_hash=spec_hash, spec=spec, gpus=gpus, actor=actor, runs=runs,
-                                     states=[o[0] for o in outcomes], source_path=source_path, reason=reason)
-            for run_id, (state, result, fields) in zip(rows, outcomes):
+                                     states=[o[0] for o in outcomes], source_path=source_path, reason=reason,
+                                     results=[o[1] for o in outcomes])
+            for run_id, (state, _result, fields) in zip(rows, outcomes):
                 run = s.get(Run, run_id)
                 assert run is not None
-                run.result = dict(result)
                 att = Attempt(run_id=run.id, number=1, executor="import", state=state, submitted_by=actor,
                               **dict(fields))
                 s.add(att)
@@ -122,14 +127,15 @@ class RunTransitions(LedgerCore):
     def _create(self, s: Session, *, name: str, version: int, method: str, source: str, spec_hash: str,
                 spec: Mapping[str, Any], gpus: int, actor: str, runs: Sequence[NewRun], states: Sequence[str],
                 source_path: str | None = None, queue: str | None = None, max_gpu_hours: float | None = None,
-                reason: str | None = None, ids: bool = True) -> tuple[Experiment, list[int]]:
+                reason: str | None = None, ids: bool = True,
+                results: Sequence[Mapping[str, Any]] | None = None) -> tuple[Experiment, list[int]]:
         exp = Experiment(name=name, version=version, method=method, source=source, source_path=source_path,
                          spec_hash=spec_hash, spec=dict(spec), queue=queue, gpus=gpus,
                          max_gpu_hours=max_gpu_hours, created_by=actor)
         s.add(exp)
         s.flush()
         self._event(s, entity="experiment", to_state="created", actor=actor, reason=reason, experiment_id=exp.id)
-        rows = self._insert_runs(s, exp.id, runs, states, actor=actor, reason=reason, ids=ids)
+        rows = self._insert_runs(s, exp.id, runs, states, actor=actor, reason=reason, ids=ids, results=results)
         return exp, rows
 
     def get_run(self, run_key: str) -> Run:
@@ -172,20 +178,21 @@ class RunTransitions(LedgerCore):
                 q = q.where(Run.state.in_(list(states)))
             return list(s.scalars(q))
 
-    def queued_run_keys(self, queue: str, *, default_queue: str) -> set[str]:
-        """Keys of the runs queued in the ledger on `queue` (an experiment without a queue of its own
-        is on `default_queue`), leaving out those whose attempt is being submitted right now. One
-        column of one query: reconcile compares it with Redis' id lists, at any backlog."""
+    def queued_run_keys(self, queue: str, *, default_queue: str) -> dict[str, str]:
+        """Key -> priority of the runs queued in the ledger on `queue` (an experiment without a queue
+        of its own is on `default_queue`), leaving out those whose attempt is being submitted right
+        now. Two columns of one query: reconcile compares the keys with Redis' id lists, at any
+        backlog, and puts a missing run back on its priority's queue."""
         with self.session() as s:
             exps = list(s.scalars(select(Experiment.id).where(func.coalesce(Experiment.queue, default_queue) == queue)))
             if not exps:
-                return set()
+                return {}
             busy = set(s.scalars(select(Run.run_key).join(Attempt, Attempt.run_id == Run.id)
                                  .where(Attempt.state == "submitting")))
             runs = Run.__table__.c  # Core rows, not ORM entities: 100,000 keys in a fraction of the time
-            keys = s.connection().execute(select(runs.run_key).where(runs.state == "queued",
-                                                                     runs.experiment_id.in_(exps))).scalars()
-            return set(keys) - busy
+            rows = s.connection().execute(select(runs.run_key, runs.priority).where(runs.state == "queued",
+                                                                                   runs.experiment_id.in_(exps)))
+            return {key: priority for key, priority in rows if key not in busy}
 
     def queued_executors(self, queues: Iterable[str], *, default_queue: str) -> set[str]:
         """The executors named by the runs queued on these queues."""

@@ -22,11 +22,20 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from ..limits import ARM_NAME_MAX, NAME_COLUMN_LENGTH, NAME_MAX, RUN_KEY_MAX, USER_MAX, WORKER_NAME_MAX
+from ..limits import (
+    ARM_NAME_MAX,
+    NAME_COLUMN_LENGTH,
+    NAME_MAX,
+    RUN_KEY_MAX,
+    USER_MAX,
+    WORKER_NAME_MAX,
+)
+from ..priorities import DEFAULT_PRIORITY, PRIORITY_COLUMN_LENGTH
 
 NOTICE_KEY_LENGTH = 255  # a notification's keys (ggpo_batch/notify/kinds.py keeps them shorter)
 
@@ -52,6 +61,10 @@ class UTCDateTime(TypeDecorator):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# When an attempt's GPU-hours count (`costs`): its end, or while it runs its creation.
+BOOKED_AT_SQL = "coalesce(ended_at, created_at)"
 
 
 class Base(DeclarativeBase):
@@ -96,6 +109,10 @@ class Run(Base):
     run_spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     retries_allowed: Mapped[int] = mapped_column(Integer, default=0)
     estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
+    # high | normal | low (ggpo_batch/priorities.py): which RQ queue the run waits on, and its Slurm
+    # nice/QoS (migration 0007).
+    priority: Mapped[str] = mapped_column(String(PRIORITY_COLUMN_LENGTH), default=DEFAULT_PRIORITY,
+                                          server_default=DEFAULT_PRIORITY)
     cause: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(WORKER_NAME_MAX))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
@@ -113,7 +130,9 @@ class Attempt(Base):
     """One allocation of a run: one Slurm job (or local/debug process), with its own GPU-hours."""
 
     __tablename__ = "attempts"
-    __table_args__ = (UniqueConstraint("run_id", "number", name="uq_attempt_run_number"),)
+    __table_args__ = (UniqueConstraint("run_id", "number", name="uq_attempt_run_number"),
+                      # `costs --since`: the time an attempt's GPU-hours are booked at (migration 0007)
+                      Index("ix_attempts_booked_at", text(BOOKED_AT_SQL)))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)

@@ -103,6 +103,7 @@ def run_night(ledger: Any, *, suite: Suite, output_dir: Path, night: date, actor
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the cron/systemd alternative; settings (ledger URL) come from the environment."""
     from ..config import load_settings
+    from ..identity import acting, resolve
     from ..ledger import connect
 
     ap = argparse.ArgumentParser(description="Run one night of the nightly CPU suite (no queue).")
@@ -115,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ggpo_batch.nightly.night",
                                                 *(argv if argv is not None else sys.argv[1:])])
     try:
-        done = run_night(connect(settings.db_url), suite=load_suite(args.suite), output_dir=args.output_dir,
-                         night=args.night, actor=f"{settings.user}@cron", command=command)
+        ledger = connect(settings.db_url)
+        done = run_night(ledger, suite=load_suite(args.suite), output_dir=args.output_dir, night=args.night,
+                         actor=acting(resolve(ledger.engine, settings).user, "cron"), command=command)
     except GgpoError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return exc.exit_code

@@ -50,6 +50,7 @@ def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
     chain) the next night is scheduled first, so a failing night does not end the chain.
     """
     from ..config import load_settings
+    from ..identity import acting, resolve
     from ..ledger import connect
     from .night import run_night
 
@@ -67,7 +68,7 @@ def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
     ledger = connect(settings.db_url)
     try:
         done = run_night(ledger, suite=suite, output_dir=Path(output_dir), night=the_night,
-                         actor=f"rq:{job.id}", command=command)
+                         actor=acting(resolve(ledger.engine, settings).user, f"rq:{job.id}"), command=command)
     finally:
         ledger.engine.dispose()
     return [d.__dict__ for d in done]

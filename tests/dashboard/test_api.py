@@ -99,7 +99,30 @@ def test_api_components_is_status_components_json(server: Dashboard, module_cli:
     assert [m["method"] for m in json.loads(body)["components"]["methods"]] == ["ggpo"]
 
 
+@pytest.mark.parametrize("query", ["by=user", "by=experiment", "by=queue", "by=month&since=2026-01-01"])
+def test_api_costs_is_costs_json_and_the_costs_page_shows_the_same_table(server: Dashboard, module_cli: dict[str, str],
+                                                                         query: str) -> None:
+    """/api/costs is `ggpo-batch costs --json` with the same options, and /costs renders that table."""
+    import html
+
+    args = [a for pair in query.split("&") for a in (f"--{pair.split('=')[0]}", pair.split("=")[1])]
+    code, body = get(f"{server.url}/api/costs?{query}")
+    done = ggpo(module_cli, "costs", "--json", *args)
+    assert code == 200 and done.returncode == 0, (body, done.stderr)
+    assert json.loads(body) == json.loads(done.stdout)
+    view = json.loads(body)
+    assert view["rows"] and view["totals"]["gpu_hours"] == pytest.approx(57.2974, abs=1e-4)
+    code, page = get(f"{server.url}/costs?{query}")
+    assert code == 200, page
+    text = html.unescape(page)
+    for row in view["rows"]:
+        assert f"<td>{row['key'] if row['key'] is not None else '-'}</td>" in text
+    assert f"{view['totals']['decided_not_spent_gpu_hours']:,.3f}" in text  # 5,000.000: the decision
+
+
 @pytest.mark.parametrize(("path", "code", "message"), [
+    ("/api/costs?by=arm", 400, "by='arm': one of user, experiment, queue, month"),
+    ("/api/costs?since=yesterday", 400, "since='yesterday': a day, YYYY-MM-DD"),
     ("/api/status?state=bogus", 400, "state='bogus': states are queued"),
     ("/api/status?limit=-1", 400, "limit='-1': must be a whole number >= 0"),
     ("/api/status?experiment=bad%20name", 400, "experiment:"),

@@ -76,12 +76,19 @@ def test_every_page_loads_without_console_errors_and_shows_the_ledger(open_serve
 
     _visit(browsed, open_server.url + "/nightly")
     assert page.locator("h2").all_inner_texts() == ["ggpo"]  # the suite's method, with its (missed) nights
+
+    page.click("nav >> text=costs")  # by user: the importer (this ledger's OS user or GGPO_USER) and the decider
+    page.wait_for_selector("table.costs")
+    page.click("a[href='/costs?by=experiment']")  # regrouped by experiment, the table of `costs --by experiment`
+    page.wait_for_url("**/costs?by=experiment")
+    cells = [r.locator("td").all_inner_texts() for r in page.locator("table.costs tbody tr").all()]
+    assert cells == [["paper-full", "0.000", "0", "5,000.000"], ["seed000", "57.297", "15", "0.000"]]
     page.wait_for_timeout(2500)  # a refresh cycle of the live parts: no error from the script either
     assert browsed.errors == []
 
 
 @pytest.mark.parametrize("path", ["/", "/experiments/seed000", "/runs/seed000-v1-20261012-clean", "/nightly",
-                                  "/api/status", "/api/components", "/api/runs/seed000-v1-20261012-clean",
+                                  "/costs", "/api/costs", "/api/status", "/api/components", "/api/runs/seed000-v1-20261012-clean",
                                   "/fragments/experiments/seed000/runs", "/static/dashboard.js"])
 def test_the_token_is_enforced_on_every_route(token_server: Dashboard, path: str) -> None:
     assert get(token_server.url + path)[0] == 401

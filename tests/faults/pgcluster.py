@@ -1,4 +1,5 @@
-"""A private PostgreSQL server for fault tests that stop and start it (never the shared one)."""
+"""A private PostgreSQL server for tests that stop and start it, or that need it to authenticate
+(never the shared one, which trusts every connection)."""
 
 from __future__ import annotations
 
@@ -18,22 +19,40 @@ def _bin(name: str) -> str:
 
 
 def _as_postgres(args: list[str]) -> list[str]:
+    # initdb and postgres refuse to run as root: as root, they run as the postgres OS user
     return ["runuser", "-u", "postgres", "--", *args] if os.geteuid() == 0 else args
 
 
 class PrivateCluster:
-    def __init__(self, port: int) -> None:
+    """initdb in a temporary folder, on `port`. With `password`, every connection (the superuser
+    `postgres` with that password included) authenticates with SCRAM-SHA-256 (pg_hba `scram-sha-256`
+    for local and host connections); without, it trusts everyone."""
+
+    def __init__(self, port: int, *, password: str | None = None) -> None:
         self.port = port
+        self.password = password
         self.root = Path(tempfile.mkdtemp(prefix="ggpo-pg-"))
         self.data = self.root / "data"
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
-        subprocess.run(_as_postgres([_bin("initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres",
-                                     "--no-sync"]), check=True, capture_output=True)
+        auth = ["-A", "trust"]
+        if password is not None:
+            pwfile = self.root / "pwfile"
+            pwfile.write_text(password + "\n")
+            if os.geteuid() == 0:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+        subprocess.run(_as_postgres([_bin("initdb"), "-D", str(self.data), *auth, "-U", "postgres", "--no-sync"]),
+                       check=True, capture_output=True)
+
+    def url_of(self, user: str = "postgres", password: str | None = None, database: str = "postgres") -> str:
+        secret = f":{password}" if password is not None else (f":{self.password}" if user == "postgres" and
+                                                               self.password is not None else "")
+        return f"postgresql+psycopg://{user}{secret}@127.0.0.1:{self.port}/{database}"
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        return self.url_of()
 
     def start(self) -> None:
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
@@ -48,5 +67,3 @@ class PrivateCluster:
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
-
-

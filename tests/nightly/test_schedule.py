@@ -58,8 +58,8 @@ def test_rq_cron_config_registers_and_its_job_runs_once_a_night(redis_conn, work
     r1, r2 = (q.fetch_job(j.id).return_value() for j in (first, second))
     assert [d["ran"] for d in r1 + r2] == [True, False]
     [row] = worker_env.component_runs()
-    assert row.state == "succeeded" and row.actor == f"rq:{first.id}"
-    assert Path(r1[0]["artifact"]).exists() and r2[0]["claimed_by"] == f"rq:{first.id} (succeeded)"
+    assert row.state == "succeeded" and row.actor == f"tester (rq:{first.id})"
+    assert Path(r1[0]["artifact"]).exists() and r2[0]["claimed_by"] == f"tester (rq:{first.id}) (succeeded)"
     assert row.record["provenance"]["command"].startswith(f"rq-job {first.id} ")
 
 

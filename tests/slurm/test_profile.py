@@ -61,6 +61,13 @@ def _native(params):
         ('setup = ["a\\nb"]\n', "setup[0]", "one line"),
         ("schema = 7\n", "schema", "not supported"),
         ("partition = [\n", "", "not valid TOML"),
+        ("[priority.urgent]\nnice = 1\n", "priority.urgent", "unknown priority"),
+        ("[priority.low]\nnice = -5\n", "priority.low.nice", ">= 0"),
+        ("[priority.low]\nnice = 1.5\n", "priority.low.nice", "expected int"),
+        ("[priority.high]\nqos = 'hi gh'\n", "priority.high.qos", "misread"),
+        ("[priority.high]\npartition = 'x'\n", "priority.high.partition", "unknown key"),
+        ("priority = 3\n", "priority", "must be a table"),
+        ("extra_sbatch = ['--nice=5']\n", "extra_sbatch[0]", "set by the profile"),
     ],
 )
 def test_errors_name_file_and_field(tmp_path, text, field, words):
@@ -77,3 +84,27 @@ def test_unknown_profile_name_lists_known_ones():
         load_profile("nope", PROFILES)
     with pytest.raises(SpecError, match="not a Slurm profile name"):
         load_profile("a b", PROFILES)
+
+
+def test_a_priority_maps_to_nice_and_qos_in_the_sbatch_script(tmp_path):
+    """[priority.<p>] gives a run of that priority `--nice` and/or its own QoS on top of the profile's
+    allocation; a priority the profile does not map adds nothing."""
+    import shutil
+
+    from ggpo_batch.executor.slurm import SlurmExecutor
+
+    prof = load_profile(write(tmp_path, 'qos = "normal"\n[priority.high]\nqos = "urgent"\n[priority.low]\nnice = 10000\n'),
+                        tmp_path)
+    assert prof.priority_parameters("high") == {"qos": "urgent"}
+    assert prof.priority_parameters("low") == {"nice": 10000}
+    assert prof.priority_parameters("normal") == {}
+    assert load_profile("dev-cluster", PROFILES).priority_parameters("low") == {"nice": 1000}
+    if shutil.which("srun") is None:  # submitit's SlurmExecutor refuses to exist without srun
+        pytest.skip("no srun: run slurm/dev-cluster/up.sh")
+    ex = SlurmExecutor(prof, tmp_path, python="python3")
+    scripts = {p: ex.submission_script("ggpo.k.a1", "ggpo:k:1", tmp_path / p, **prof.priority_parameters(p))
+               for p in ("high", "normal", "low")}
+    lines = {p: {line for line in text.splitlines() if line.startswith(("#SBATCH --qos", "#SBATCH --nice"))}
+             for p, text in scripts.items()}
+    assert lines == {"high": {"#SBATCH --qos=urgent"}, "normal": {"#SBATCH --qos=normal"},
+                     "low": {"#SBATCH --qos=normal", "#SBATCH --nice=10000"}}

@@ -4,7 +4,7 @@ unique, so each event is recorded once), and `notification_deliveries`, each one
 outcome per sink (a webhook, an e-mail relay). ggpo_batch/notify/ delivers them.
 
 Revision ID: 0008
-Revises: 0005
+Revises: 0007
 Create Date: 2026-12-10
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0008'
-down_revision = '0005'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 
@@ -49,6 +49,25 @@ def upgrade() -> None:
         sa.UniqueConstraint('notification_id', 'sink', name='uq_delivery_notification_sink'),
     )
     op.create_index('ix_deliveries_sink_state', 'notification_deliveries', ['sink', 'state'])
+    if op.get_bind().dialect.name == 'postgresql':
+        _grant()
+
+
+# The team's group roles (migration 0007, ggpo_batch/identity.py): a member's transition (a cancel, a
+# decision) writes its notification in the same transaction, and anyone may read the outbox; the
+# service (reconcile) records what it observes and delivers.
+MEMBER, SERVICE = "ggpo_member", "ggpo_service"
+
+
+def _grant() -> None:
+    op.execute(f"GRANT SELECT, INSERT ON notifications TO {MEMBER}, {SERVICE}")
+    op.execute(f"GRANT UPDATE ON notifications TO {SERVICE}")
+    op.execute(f"GRANT SELECT ON notification_deliveries TO {MEMBER}, {SERVICE}")
+    op.execute(f"GRANT INSERT, UPDATE ON notification_deliveries TO {SERVICE}")
+    for table in ('notifications', 'notification_deliveries'):
+        sequence = op.get_bind().execute(sa.text("SELECT pg_get_serial_sequence(:t, 'id')"), {"t": table}).scalar()
+        if sequence:
+            op.execute(f"GRANT USAGE, SELECT ON SEQUENCE {sequence} TO {MEMBER}, {SERVICE}")
 
 
 def downgrade() -> None:
