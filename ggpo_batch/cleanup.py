@@ -22,6 +22,7 @@ from typing import Any
 from .allocation import (
     CHECKPOINT_NAME,
     DETAILS_NAME,
+    EVALUATION_RECORD_NAME,
     POLICY_SUFFIX,
     RECORD_NAME,
     checkpoint_folder,
@@ -34,7 +35,7 @@ from .states import IN_FLIGHT_ATTEMPT_STATES, UNFINISHED_RUN_STATES
 log = logging.getLogger(__name__)
 
 # Files of an attempt folder that gc never removes: what the run produced.
-PROTECTED_NAMES = frozenset({RECORD_NAME, DETAILS_NAME, RECORD_NAME + POLICY_SUFFIX})
+PROTECTED_NAMES = frozenset({RECORD_NAME, DETAILS_NAME, RECORD_NAME + POLICY_SUFFIX, EVALUATION_RECORD_NAME})
 # A checkpoint folder of a job run outside the queue's layout (`train -o X` writes X.ckpt).
 LEGACY_CHECKPOINT_SUFFIX = ".ckpt"
 

@@ -30,6 +30,8 @@ from .errors import QueueError
 log = logging.getLogger(__name__)
 
 JOB_FUNC = "ggpo_batch.worker.execute_run"
+# An evaluation after training: its key (`<run key>-eval_<name>`) is the job id and only argument.
+EVALUATION_JOB_FUNC = "ggpo_batch.worker.execute_evaluation"
 CHUNK = 500
 RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600
@@ -93,17 +95,18 @@ class RunQueue:
     def inline(self) -> bool:
         return not self.queue.is_async
 
-    def _data(self, run_key: str, job_id: str) -> object:
+    def _data(self, run_key: str, job_id: str, func: str = JOB_FUNC) -> object:
         # The run key travels as the job's only argument; the job id may differ (a deferral).
-        return Queue.prepare_data(JOB_FUNC, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
+        return Queue.prepare_data(func, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
                                   result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
 
-    def enqueue(self, run_keys: Sequence[str]) -> int:
-        """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued."""
+    def enqueue(self, run_keys: Sequence[str], *, func: str = JOB_FUNC) -> int:
+        """Put one job per run on the queue (in pipelined chunks); returns how many were enqueued.
+        `func` EVALUATION_JOB_FUNC: the keys are evaluations' (ggpo_batch/evaluations.py)."""
         if self.inline:  # each job runs now, in this process, one after the other
             with progress.task("runs", total=len(run_keys)) as shown:
                 for key in run_keys:
-                    self.queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
+                    self.queue.enqueue_call(func, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
                                             result_ttl=RESULT_TTL, description=key)
                     shown.watch(None)
                     shown.advance()
@@ -116,12 +119,12 @@ class RunQueue:
         n = 0
         for i in range(0, len(run_keys), CHUNK):
             chunk = run_keys[i:i + CHUNK]
-            with self._chunk(chunk) as pipe:
+            with self._chunk(chunk, func) as pipe:
                 pipe.execute()
             n += len(chunk)
         return n
 
-    def _chunk(self, run_keys: Sequence[str]) -> Pipeline:
+    def _chunk(self, run_keys: Sequence[str], func: str = JOB_FUNC) -> Pipeline:
         """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet.
 
         RQ creates and writes the chunk's first job itself. Every other job is that job's hash
@@ -132,23 +135,24 @@ class RunQueue:
         fails it."""
         pipe = self.connection.pipeline()
         first, rest = run_keys[0], run_keys[1:]
-        (job,) = self.queue.enqueue_many([self._data(first, first)], pipeline=pipe)  # type: ignore[list-item]
+        (job,) = self.queue.enqueue_many([self._data(first, first, func)], pipeline=pipe)  # type: ignore[list-item]
         if rest:
             encode = self.connection.get_encoder().encode
             template = {name: encode(value) for name, value in job.to_dict().items()}
             dumps = self.queue.serializer.dumps
             for key in rest:
                 fields = template.copy()
-                fields["data"] = zlib.compress(dumps((JOB_FUNC, None, (key,), {})))  # as Job.data, then to_dict
+                fields["data"] = zlib.compress(dumps((func, None, (key,), {})))  # as Job.data, then to_dict
                 fields["description"] = encode(key)
                 pipe.hset(Job.key_for(key), mapping=fields)  # type: ignore[arg-type]
             pipe.rpush(self.queue.key, *rest)
         return pipe
 
-    def defer(self, run_key: str, seconds: int, *, generation: int) -> str:
-        """Re-queue a run after `seconds` (needs a worker started with the scheduler, as ours are)."""
+    def defer(self, run_key: str, seconds: int, *, generation: int, func: str = JOB_FUNC) -> str:
+        """Re-queue a run (or with EVALUATION_JOB_FUNC an evaluation) after `seconds` (needs a worker
+        started with the scheduler, as ours are)."""
         job_id = f"{run_key}-deferred{int(generation)}"
-        self.queue.enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
+        self.queue.enqueue_in(timedelta(seconds=seconds), func, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
                               result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
         return job_id
 

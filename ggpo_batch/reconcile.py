@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from . import progress
+from . import evaluation_jobs, progress
 from .allocation import attempt_folder
 from .config import Settings
 from .errors import ExecutorError, LedgerError
@@ -34,7 +34,7 @@ from .ledger.schema import Attempt, Run, utcnow
 from .queue import RunQueue
 from .runspec import RunSpec
 from .settlement import over_allowance, retries_used, settle
-from .states import SCHEDULER_NODE_FAILURE
+from .states import ATTEMPT_KIND_EVALUATION, SCHEDULER_NODE_FAILURE
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,11 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             if att.job_id not in accounts:
                 continue
             info, segments = accounts[att.job_id].latest, accounts[att.job_id].segments  # type: ignore[index]
+            if att.kind == ATTEMPT_KIND_EVALUATION:  # an evaluation after training: its run stays succeeded
+                with _one_run(rep, run.run_key):
+                    ended, started = evaluation_jobs.reconcile_attempt(ledger, settings, run, att, info, actor=actor)
+                    rep.ended, rep.started = rep.ended + ended, rep.started + started
+                continue
             with _one_run(rep, run.run_key):
                 run, att = _book_requeues(ledger, run, att, segments, actor)
                 if not info.final and over_allowance(run):
@@ -109,6 +114,11 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
         for run, att in pairs:
             if att.job_id or att.state != "submitting":
                 continue
+            if att.kind == ATTEMPT_KIND_EVALUATION:
+                with _one_run(rep, run.run_key):
+                    rep.resolved_submitting += evaluation_jobs.resolve_submitting(
+                        ledger, settings, ex, run, att, busy=busy, stale_after=stale_after, actor=actor)
+                continue
             if run.run_key in busy or utcnow() - att.created_at < stale_after:
                 continue  # its worker may still be submitting it
             with _one_run(rep, run.run_key):
@@ -124,7 +134,7 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                                              by_name.get(settings.queue_for(run.experiment.queue))):
                     rep.retried += 1
 
-    rep.requeued = _requeue_missing(ledger, settings, queues)
+    rep.requeued = _requeue_missing(ledger, settings, queues) + evaluation_jobs.requeue_missing(ledger, settings, queues)
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     return rep
 

@@ -79,6 +79,21 @@ def execute_run(run_key: str) -> dict[str, Any]:
         ledger.engine.dispose()
 
 
+def execute_evaluation(key: str) -> dict[str, Any]:
+    """RQ job: submit one attempt of a queued evaluation after training (evaluation_jobs.py)."""
+    from .evaluation_jobs import submit_evaluation
+
+    ctx = _process
+    if ctx is not None:
+        return submit_evaluation(ctx.ledger, ctx.settings, key, worker=_worker_name())
+    settings = load_settings()
+    ledger = connect(settings.db_url)
+    try:
+        return submit_evaluation(ledger, settings, key, worker=_worker_name())
+    finally:
+        ledger.engine.dispose()
+
+
 def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str) -> dict[str, Any]:
     """Submit the next attempt of `run_key`, unless the ledger says it is not ours to submit."""
     inline = settings.inline_queue
@@ -88,7 +103,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         spec = RunSpec.from_dict(run_spec)
         queue_name = settings.queue_for(experiment_queue)
         quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
-        chosen.update(spec=spec, queue=queue_name)
+        chosen.update(spec=spec, queue=queue_name, run_spec=run_spec)
         return AttemptPlan(spec.executor, spec.allocated_gpus, quota)
 
     try:
@@ -139,7 +154,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     try:
         if ended:
             end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
-                             job_id=job_id, settings=settings)
+                             job_id=job_id, settings=settings, run_spec=chosen["run_spec"], queue=chosen["queue"])
         else:
             ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
@@ -148,7 +163,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         return {"run_key": run_key, "cancelled_unbooked": job_id, "reason": exc.message}
     if inline and not ended:
         end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
-                         settings=settings)
+                         settings=settings, run_spec=chosen["run_spec"], queue=chosen["queue"])
     if end is not None and end.continues and not inline:
         # Its next attempt, as reconcile queues a continuation; under its own job id (this job's is
         # still executing), as a deferral does.
@@ -306,4 +321,5 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
 
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
     ledger = _process.ledger if _process is not None else connect(settings.db_url)
-    return ledger.count_queued(queues, default_queue=settings.queue) > 0
+    return (ledger.count_queued(queues, default_queue=settings.queue)
+            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)) > 0

@@ -21,6 +21,7 @@ import submitit  # here, not in the call: a worker forks each call, which would 
 
 from ..allocation import STATE_OF_EXIT_CODE, record_path
 from ..errors import ExecutorError
+from ..evaluation_spec import EvaluationSpec
 from ..runspec import RunSpec
 from . import forked
 from .base import Executor, JobInfo
@@ -36,7 +37,7 @@ class DebugExecutor(Executor):
     def __init__(self) -> None:
         self._done: dict[str, JobInfo] = {}
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
+    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True) -> str:
         folder.mkdir(parents=True, exist_ok=True)
         job_id = f"debug-{int(time.time())}-{next(_ids)}"
         start = datetime.now(UTC)
