@@ -47,8 +47,8 @@ class EvaluationRecords(LedgerCore):
         if not new:
             return []
         with self.session() as s:
-            have = set(s.execute(select(Evaluation.run_id, Evaluation.name)
-                                 .where(Evaluation.run_id.in_(sorted({n.run_id for n in new})))).tuples())
+            have = {(r, n) for r, n in s.execute(select(Evaluation.run_id, Evaluation.name)
+                                                 .where(Evaluation.run_id.in_(sorted({n.run_id for n in new}))))}
             todo = [n for n in new if (n.run_id, n.name) not in have]
             runs = {r.id: r for r in s.scalars(select(Run).where(Run.id.in_([n.run_id for n in todo])))}
             events = RowEvents(actor)
