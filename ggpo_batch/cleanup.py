@@ -1,9 +1,9 @@
 """Keeping a run's files in bounds: its checkpoint once its record is booked, and (`ggpo-batch gc`)
 the checkpoints and attempt folders of finished runs.
 
-What is never removed: a result record, its details, an exported policy (wherever they are), the
-folder holding the last attempt's logs (for a job Slurm requeued, the folder of the attempt that
-submitted it: `joblogs.job_folder`), and anything of a run that is not finished or has an attempt
+What is never removed: a result record, its details, an exported policy, an evaluation record
+(wherever they are), the folder holding the last attempt's logs (for a job Slurm requeued, the
+folder of the attempt that submitted it: `joblogs.job_folder`), and anything of a run that is not finished or has an attempt
 that may still hold an allocation. Each run's files are removed with the run locked in the ledger
 (`Ledger.clean_run`), which books what went as an event in the same transaction.
 """

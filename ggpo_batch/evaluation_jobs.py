@@ -2,7 +2,7 @@
 worker.submit_run submits a run's: ledger row first, the quota, the fence, the executor, the job id),
 booking its end (state, both GPU-hour figures, the outcome set and the record, from the evaluation
 record the job wrote), and reconcile's share (ended and started jobs, a worker that died while
-submitting, queued evaluations Redis lost). Never retried but by hand: an infrastructure failure
+submitting; queued evaluations Redis lost are reconcile.py's own). Never retried but by hand: an infrastructure failure
 ends it failed or lost, with the cause.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,7 @@ def submit_evaluation(ledger: Ledger, settings: Settings, key: str, *, worker: s
         return {"evaluation": key, "skipped": "attempt settled by reconcile before sbatch"}
     try:
         job_id = executor.submit(spec, att.number, folder, lookup=False)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (any refusal is booked, as worker.submit_run books it)
         reason = f"submission refused: {type(exc).__name__}: {exc}"[:2000]
         ledger.resolve_evaluation_submitting(key, att.number, job_id=None, actor=settings.user, reason=reason,
                                              state="failed")
@@ -226,18 +226,3 @@ def resolve_submitting(ledger: Ledger, settings: Settings, ex: Executor, run: Ru
                                              f"the scheduler has job {job_id}" if job_id else
                                              "the scheduler never got it"))
     return 1
-
-
-def requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:
-    """Evaluations queued in the ledger with no job on Redis (a flush, a restart, a settlement whose
-    enqueue failed) go back on it."""
-    n = 0
-    for q in queues:
-        if q.inline:
-            continue
-        missing = sorted(ledger.queued_evaluation_keys(q.name, default_queue=settings.queue) - q.present())
-        if missing:
-            q.forget(missing)
-            n += q.enqueue(missing, func=EVALUATION_JOB_FUNC)
-            log.info("reconcile: re-queued %d evaluation(s) missing from Redis queue %s", len(missing), q.name)
-    return n

@@ -222,8 +222,8 @@ def cancel_evaluations(ledger: Ledger, settings: Settings, keys: Sequence[str], 
         job = None
         att = _live_attempt(run, ev)
         if att is not None:
-            make_executor(att.executor, jobs_dir=settings.jobs_dir,
-                          profile=str(run.run_spec.get("profile", "default"))).cancel(att.job_id)  # type: ignore[arg-type]
+            profile = str(run.run_spec.get("profile", "default"))
+            make_executor(att.executor, jobs_dir=settings.jobs_dir, profile=profile).cancel(str(att.job_id))
             job = att.job_id
         ledger.cancel_evaluation(key, actor=actor, reason=reason or f"cancelled by {actor}")
         out.append(EvaluationCancel(run.run_key, ev.name, ev.state, removed, job))
@@ -232,8 +232,19 @@ def cancel_evaluations(ledger: Ledger, settings: Settings, keys: Sequence[str], 
 
 
 def retry_evaluation(ledger: Ledger, settings: Settings, key: str, *, actor: str, reason: str) -> Evaluation:
-    """Queue an evaluation that ended without success again, by hand, with the reason recorded."""
-    ev = ledger.requeue_evaluation(key, actor=actor, reason=f"manual retry: {reason.strip()}")
+    """Queue an evaluation that ended without success again, by hand, with the reason recorded. Its
+    data file and the run's exports are checked again first (one that failed as settlement queued
+    it gets them now); a data file whose content changed is refused: the set would mix two files."""
+    ev = ledger.get_evaluation(key)
+    found = training_sources(settings.jobs_dir, ledger.get_run(ev.run.run_key))
+    if isinstance(found, str):
+        raise LedgerError(f"evaluation {key}: its run {found}")
+    path, sha, items = check_data(str(ev.spec.get("data_path")), "retry", "--evaluation")
+    if ev.spec.get("data_sha256") and ev.spec["data_sha256"] != sha:
+        raise SpecError("retry", "--evaluation", f"{path} changed since outcome set {ev.name!r} was queued (sha256 "
+                        f"differs): evaluate it under a new name")
+    spec = {**ev.spec, "data_sha256": sha, "items": items, "policy_dir": found[0], "details_path": found[1]}
+    ev = ledger.requeue_evaluation(key, actor=actor, reason=f"manual retry: {reason.strip()}", spec=spec)
     queue = RunQueue.from_url(settings.redis_url, settings.queue_for(ev.run.experiment.queue))
     queue.forget([key])
     queue.enqueue([key], func=EVALUATION_JOB_FUNC)

@@ -2,7 +2,9 @@
 
 One cycle asks each executor about all its active attempts in ONE call (for Slurm: one sacct),
 books the ones that ended, settles attempts whose worker died while submitting (found by name:
-submitted; not found: lost), and re-queues runs the ledger has as queued but Redis has lost.
+submitted; not found: lost), and re-queues runs (and evaluations after training) the ledger has
+as queued but Redis has lost. An evaluation's attempt is booked by evaluation_jobs.py: its run is
+never moved.
 Idempotent: a second cycle with nothing new changes nothing.
 """
 
@@ -11,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -31,7 +33,7 @@ from .joblogs import job_folder
 from .ledger import Ledger, connect
 from .ledger.heartbeats import heartbeat_time
 from .ledger.schema import Attempt, Run, utcnow
-from .queue import RunQueue
+from .queue import EVALUATION_JOB_FUNC, JOB_FUNC, RunQueue
 from .runspec import RunSpec
 from .settlement import over_allowance, retries_used, settle
 from .states import ATTEMPT_KIND_EVALUATION, SCHEDULER_NODE_FAILURE
@@ -134,7 +136,9 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                                              by_name.get(settings.queue_for(run.experiment.queue))):
                     rep.retried += 1
 
-    rep.requeued = _requeue_missing(ledger, settings, queues) + evaluation_jobs.requeue_missing(ledger, settings, queues)
+    rep.requeued = (_requeue_missing(ledger, settings, queues, ledger.queued_run_keys, JOB_FUNC, "run")
+                    + _requeue_missing(ledger, settings, queues, ledger.queued_evaluation_keys, EVALUATION_JOB_FUNC,
+                                       "evaluation"))
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     return rep
 
@@ -237,18 +241,20 @@ def _refuse_requeue(ex: Executor, run: Run, att: Attempt) -> None:
         log.info("reconcile %s: %s", run.run_key, exc.message)
 
 
-def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:
-    """Runs queued in the ledger with no job on Redis (e.g. after a Redis restart) go back on it."""
+def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue],
+                     queued: Callable[..., set[str]], func: str, what: str) -> int:
+    """Runs (or evaluations after training: `queued` and `func` say which) queued in the ledger with
+    no job on Redis (e.g. after a Redis restart) go back on it."""
     n = 0
     for q in queues:
         if q.inline:
             continue
         # Two id sets, no run or job objects: the work is that of comparing keys, at any backlog.
-        missing = sorted(ledger.queued_run_keys(q.name, default_queue=settings.queue) - q.present())
+        missing = sorted(queued(q.name, default_queue=settings.queue) - q.present())
         if missing:
             q.forget(missing)
-            n += q.enqueue(missing)
-            log.info("reconcile: re-queued %d run(s) missing from Redis queue %s", len(missing), q.name)
+            n += q.enqueue(missing, func=func)
+            log.info("reconcile: re-queued %d %s(s) missing from Redis queue %s", len(missing), what, q.name)
     return n
 
 

@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,29 +67,26 @@ _process: _WorkerProcess | None = None  # set by run_worker before it takes any 
 
 def execute_run(run_key: str) -> dict[str, Any]:
     """RQ job: submit one attempt of a queued run. Settings come from the worker's environment."""
-    ctx = _process
-    if ctx is not None:
-        return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
-    # inline (memory://) or another RQ worker: open what the job needs, for this job
-    settings = load_settings()
-    ledger = connect(settings.db_url)
-    try:
-        return submit_run(ledger, settings, run_key, worker=_worker_name())
-    finally:
-        ledger.engine.dispose()
+    return _in_this_worker(submit_run, run_key)
 
 
 def execute_evaluation(key: str) -> dict[str, Any]:
     """RQ job: submit one attempt of a queued evaluation after training (evaluation_jobs.py)."""
     from .evaluation_jobs import submit_evaluation
 
+    return _in_this_worker(submit_evaluation, key)
+
+
+def _in_this_worker(submit: Callable[..., dict[str, Any]], key: str) -> dict[str, Any]:
+    """`submit(ledger, settings, key, worker=...)` with the worker's own ledger and settings."""
     ctx = _process
     if ctx is not None:
-        return submit_evaluation(ctx.ledger, ctx.settings, key, worker=_worker_name())
+        return submit(ctx.ledger, ctx.settings, key, worker=_worker_name())
+    # inline (memory://) or another RQ worker: open what the job needs, for this job
     settings = load_settings()
     ledger = connect(settings.db_url)
     try:
-        return submit_evaluation(ledger, settings, key, worker=_worker_name())
+        return submit(ledger, settings, key, worker=_worker_name())
     finally:
         ledger.engine.dispose()
 

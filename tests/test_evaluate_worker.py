@@ -15,7 +15,6 @@ from click.testing import CliRunner
 from ggpo_batch.cli import cli
 from ggpo_batch.enqueue import enqueue_spec
 from ggpo_batch.spec import load_spec
-from tests.support.evaluations import items_file
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]
 
@@ -56,7 +55,11 @@ def _write(path: Path, items: list) -> Path:
 def test_spec_and_command_evaluations_run_through_the_worker_and_the_report_reads_them(  # type: ignore[no-untyped-def]
         ledger, settings, worker_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from ggpo_batch.accounting import gpu_hours
-    from ggpo_batch.allocation import attempt_folder, details_path, evaluation_record_path
+    from ggpo_batch.allocation import (
+        attempt_folder,
+        details_path,
+        evaluation_record_path,
+    )
     from ggpo_batch.reporting import stats
     from ggpo_batch.reporting.report import experiment_report
     from tests.support.workers import run_burst_worker

@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-from ggpo_batch.errors import LedgerError
+from ggpo_batch.errors import LedgerError, SpecError
 from ggpo_batch.evaluation_jobs import check_evaluation_record, conclude
 from ggpo_batch.evaluation_spec import EvaluationSpec, evaluation_key
-from ggpo_batch.evaluations import evaluate_experiment, planned_by_spec
+from ggpo_batch.evaluations import planned_by_spec, retry_evaluation
 from ggpo_batch.executor.base import JobInfo
 from ggpo_batch.ledger import QuotaExceeded
 from ggpo_batch.ledger.attempts import AttemptPlan
@@ -24,7 +24,13 @@ from ggpo_batch.ledger.new_evaluations import NewEvaluation
 from ggpo_batch.queue import EVALUATION_JOB_FUNC, RunQueue
 from ggpo_batch.reconcile import reconcile
 from ggpo_batch.settlement import settle, settle_own
-from tests.support.evaluations import TRAINED, items_file, run_spec, succeeded_experiment, training_files
+from tests.support.evaluations import (
+    TRAINED,
+    items_file,
+    run_spec,
+    succeeded_experiment,
+    training_files,
+)
 from tests.support.paths import SEED_000
 
 
@@ -141,6 +147,22 @@ def test_spec_evaluations_are_queued_by_the_success_and_survive_a_redis_flush(le
     rep = reconcile(ledger, settings, [q], actor="rec", stale_after=timedelta(0))
     assert rep.requeued == 2 and q.present() == queued
     assert reconcile(ledger, settings, [q], actor="rec").requeued == 0
+    # retried by hand only: the one whose file was absent, once it is there, gets its file's checks now
+    gone = evaluation_key(keys[0], "gone")
+    with pytest.raises(SpecError, match="absent.jsonl is absent"):
+        retry_evaluation(ledger, settings, gone, actor="bob", reason="copied")
+    items_file(tmp_path / "absent.jsonl", ["z"])
+    ev = retry_evaluation(ledger, settings, gone, actor="bob", reason="copied")
+    assert ev.state == "queued" and ev.spec["items"] == 1 and ev.spec["policy_dir"] and gone in q.present()
+    # a data file changed under an outcome set is refused: the set would mix two files
+    first = evaluation_key(keys[0], "eval2")
+    _ev, att = ledger.begin_evaluation(first, actor="w", worker="w", plan=_plan)
+    ledger.finish_evaluation(first, att.number, attempt_state="node_fail", evaluation_state="failed", actor="r",
+                             job_id="n1", reason="NODE_FAIL")
+    assert ledger.get_evaluation(first).state == "failed"  # not retried by itself
+    items_file(data, ["syn-0001", "new-2"])
+    with pytest.raises(SpecError, match="changed since outcome set 'eval2' was queued"):
+        retry_evaluation(ledger, settings, first, actor="bob", reason="again")
 
 
 def test_planned_evaluations_need_the_trained_items_and_a_valid_file(tmp_path: Path) -> None:

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 
 from ggpo_batch import schemas
 from ggpo_batch.cli import cli
-from ggpo_batch.heartbeat import Heartbeat
 from ggpo_batch.evaluation_spec import evaluation_key
+from ggpo_batch.heartbeat import Heartbeat
 from ggpo_batch.ledger.attempts import AttemptPlan
 from tests.dashboard.server import Dashboard, cli_env, get
 from tests.support.evaluations import items_file, succeeded_experiment, training_files

@@ -21,7 +21,9 @@ def make_payload(spec: RunSpec | EvaluationSpec, output: Path) -> Callable[[], A
     attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it.
     An evaluation after training writes its evaluation record in the same folder instead."""
     if isinstance(spec, EvaluationSpec):
-        from ..train.eval_job import EvaluationJob  # imported late: torch is only needed on the allocation
+        from ..train.eval_job import (
+            EvaluationJob,  # imported late: torch is only needed on the allocation
+        )
 
         return EvaluationJob(spec.to_json(), str(evaluation_record_path(Path(output).parent)))
     if spec.method == "ggpo":

@@ -109,6 +109,18 @@ class Submission(NamedTuple):
     attempt: Attempt | None
 
 
+def end_attempt(att: Attempt, state: str, reason: str | None, *, started_at: datetime | None,
+                ended_at: datetime | None, **figures: Any) -> None:
+    """Apply an attempt's end: its final state and reason, its times (the scheduler's, else now) and
+    the accounting figures given (elapsed, both GPU-hour figures, scheduler state, exit code)."""
+    att.state, att.reason = state, reason
+    att.started_at = started_at or att.started_at
+    att.ended_at = ended_at or utcnow()
+    for name, value in figures.items():
+        if value is not None:
+            setattr(att, name, value)
+
+
 class AttemptTransitions(LedgerCore):
     """Attempts: begin (under the queue quota), submitted, running, finished, requeued, accounted."""
 
@@ -352,15 +364,9 @@ class AttemptTransitions(LedgerCore):
             raise LedgerError(f"run {run.run_key} attempt {att.number} already ended as {att.state}")
         events.add(entity="attempt", from_state=att.state, to_state=attempt_state, reason=reason, run=run,
                    attempt_id=att.id)
-        att.state = attempt_state
-        att.reason = reason
-        att.started_at = started_at or att.started_at
-        att.ended_at = ended_at or utcnow()
-        for name, value in (("elapsed_seconds", elapsed_seconds), ("gpu_hours_job", gpu_hours_job),
-                            ("gpu_hours_scheduler", gpu_hours_scheduler), ("scheduler_state", scheduler_state),
-                            ("exit_code", exit_code)):
-            if value is not None:
-                setattr(att, name, value)
+        end_attempt(att, attempt_state, reason, started_at=started_at, ended_at=ended_at,
+                    elapsed_seconds=elapsed_seconds, gpu_hours_job=gpu_hours_job,
+                    gpu_hours_scheduler=gpu_hours_scheduler, scheduler_state=scheduler_state, exit_code=exit_code)
         if run_state is not None and run_state != run.state:
             events.move(run, run_state, reason, att.id)
             run.cause = reason if run_state != "succeeded" else None

@@ -26,7 +26,7 @@ from ..states import (
     UNSUBMITTED_ATTEMPT_END,
     evaluation_can_move,
 )
-from .attempts import AttemptPlan, AttemptTransitions, QuotaExceeded
+from .attempts import AttemptPlan, AttemptTransitions, QuotaExceeded, end_attempt
 from .core import LedgerCore
 from .events import RowEvents
 from .new_evaluations import NewEvaluation, reason_of, write_new_evaluations
@@ -151,8 +151,8 @@ class EvaluationRecords(LedgerCore):
             raise LedgerError(f"evaluation {ev.key} has no attempt {number}")
         return att
 
-    def _move_evaluation(self, s: Session, ev: Evaluation, run: Run, to: str, actor: str,
-              reason: str | None, attempt: Attempt | None = None) -> None:
+    def _move_evaluation(self, s: Session, ev: Evaluation, run: Run, to: str, actor: str, reason: str | None,
+                         attempt: Attempt | None = None) -> None:
         if not evaluation_can_move(ev.state, to):
             raise LedgerError(f"evaluation {ev.key}: cannot go from {ev.state} to {to}")
         self._event(s, entity="evaluation", from_state=ev.state, to_state=to, actor=actor, reason=reason_of(ev, reason),
@@ -160,7 +160,8 @@ class EvaluationRecords(LedgerCore):
         ev.state, ev.updated_at = to, utcnow()
 
     def begin_evaluation(self, key: str, *, actor: str, worker: str | None,
-                         plan: Callable[[dict[str, Any], str | None], AttemptPlan]) -> tuple[Evaluation, Attempt | None]:
+                         plan: Callable[[dict[str, Any], str | None], AttemptPlan],
+                         ) -> tuple[Evaluation, Attempt | None]:
         """A worker's first step for an evaluation: if it is queued, write its next attempt
         (`submitting`) as `plan(spec, experiment queue)` says, under the queue's GPU quota
         (QuotaExceeded writes nothing); else return it as it is, with no attempt."""
@@ -196,7 +197,8 @@ class EvaluationRecords(LedgerCore):
             self._evaluation_submitted(s, ev, run, att, job_id=job_id, actor=actor)
             return att
 
-    def _evaluation_submitted(self, s: Session, ev: Evaluation, run: Run, att: Attempt, *, job_id: str, actor: str) -> None:
+    def _evaluation_submitted(self, s: Session, ev: Evaluation, run: Run, att: Attempt, *, job_id: str,
+                              actor: str) -> None:
         if att.state != "submitting":
             raise LedgerError(f"evaluation {ev.key} attempt {att.number} is {att.state} with job {att.job_id}")
         self._event(s, entity="attempt", from_state="submitting", to_state="submitted", actor=actor,
@@ -243,14 +245,9 @@ class EvaluationRecords(LedgerCore):
                 raise LedgerError(f"evaluation {key} attempt {number} already ended as {att.state}")
             self._event(s, entity="attempt", from_state=att.state, to_state=attempt_state, actor=actor,
                         reason=reason_of(ev, reason), run=run, attempt=att)
-            att.state, att.reason = attempt_state, reason
-            att.started_at = started_at or att.started_at
-            att.ended_at = ended_at or utcnow()
-            for name, value in (("elapsed_seconds", elapsed_seconds), ("gpu_hours_job", gpu_hours_job),
-                                ("gpu_hours_scheduler", gpu_hours_scheduler), ("scheduler_state", scheduler_state),
-                                ("exit_code", exit_code)):
-                if value is not None:
-                    setattr(att, name, value)
+            end_attempt(att, attempt_state, reason, started_at=started_at, ended_at=ended_at,
+                        elapsed_seconds=elapsed_seconds, gpu_hours_job=gpu_hours_job,
+                        gpu_hours_scheduler=gpu_hours_scheduler, scheduler_state=scheduler_state, exit_code=exit_code)
             if evaluation_state is not None and evaluation_state != ev.state:
                 self._move_evaluation(s, ev, run, evaluation_state, actor, reason, att)
                 ev.cause = reason if evaluation_state != "succeeded" else None
@@ -298,8 +295,10 @@ class EvaluationRecords(LedgerCore):
             ev.cause = reason
             return ev
 
-    def requeue_evaluation(self, key: str, *, actor: str, reason: str) -> Evaluation:
-        """Back to queued, by hand (`retry --evaluation`): an evaluation that ended without success."""
+    def requeue_evaluation(self, key: str, *, actor: str, reason: str,
+                           spec: Mapping[str, Any] | None = None) -> Evaluation:
+        """Back to queued, by hand (`retry --evaluation`): an evaluation that ended without success;
+        with `spec`, what its job is given next (its data file checked again)."""
         if not reason.strip():
             raise LedgerError("a retry needs a reason")
         with self.session() as s:
@@ -309,4 +308,6 @@ class EvaluationRecords(LedgerCore):
                                   f"evaluations can be retried")
             self._move_evaluation(s, ev, run, "queued", actor, reason)
             ev.cause = None
+            if spec is not None:
+                ev.spec = dict(spec)
             return ev

@@ -15,6 +15,12 @@ summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_
 reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
 what makes the arms not comparable (`fairness.comparability_warnings`); a report on a fair
 experiment has none. `compare.compare_reports` puts two reports side by side.
+
+Outcome sets: the figures come from the training allocation's own evaluation (`outcome_set`
+"training", `runs.outcome`), or with `outcomes=NAME` from an evaluation after training (the
+`evaluations` table, ggpo_batch/evaluations.py), summarised and paired the same way. An arm's
+training figures (cost, attempts, retries) count its training attempts only; the GPU-hours of
+evaluations after training are `totals.evaluation_gpu_hours`, within `spent_gpu_hours`.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ from typing import Any
 from ..accounting import attempt_gpu_hours
 from ..costguard import KIND_NOT_REPRODUCED
 from ..errors import LedgerError
+from ..evaluation_spec import TRAINING_OUTCOME_SET
 from ..ledger import Ledger
 from ..ledger.schema import Run
-from ..evaluation_spec import TRAINING_OUTCOME_SET
 from ..outcome import OUTCOME_METRICS, matched_difference
 from ..run_record import audit_failed, budget_reconciled
 from ..states import ATTEMPT_KIND_EVALUATION, TRAINING_ATTEMPT_KINDS

@@ -36,7 +36,13 @@ from ..allocation import allocation_start
 from ..errors import GgpoError
 from ..evaluation_spec import EVALUATION_RECORD_VERSION, EvaluationSpec, file_sha256
 from .config import TrainConfig
-from .job import _distributed_env, init_process_group, preload, release_process_group, write_json_atomic
+from .job import (
+    _distributed_env,
+    init_process_group,
+    preload,
+    release_process_group,
+    write_json_atomic,
+)
 
 log = logging.getLogger(__name__)
 

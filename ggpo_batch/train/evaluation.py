@@ -10,7 +10,8 @@ An item counts as exposed when the run trained on it in an exposure group before
 on any rank -- not when it was planned. The result goes into the details file (key `evaluation`):
 the split means the record keeps, the decoding, and `per_item` rows (item id, exposed, reward, gold
 and the answers), from which settlement books the run's outcome in the ledger
-(`ggpo_batch/outcome.py`).
+(`ggpo_batch/outcome.py`). An evaluation after training (train/eval_job.py) runs the same
+`evaluate_items` on another data file, an item exposed when the run trained on it at all.
 
 Greedy through the rollout backends: both take a temperature, so greedy is asked for as
 GREEDY_TEMPERATURE (1e-6). vLLM treats a temperature below 1e-5 as greedy sampling; the torch sampler
