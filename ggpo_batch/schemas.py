@@ -62,8 +62,9 @@ SCHEMAS: dict[str, Schema] = {
                          "needs."),
     "ledger_import": Schema(1, "ggpo-batch ledger import FILE --json", "The experiment an import created (or found "
                             "already there) and its GPU-hours."),
-    "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
-                            "notebook. Streamed: `schema` is on the first line."),
+    "ledger_export": Schema(2, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
+                            "notebook (an attempt's `kind`: training, continuation, evaluation; a run's "
+                            "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "dashboard_experiment": Schema(3, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
