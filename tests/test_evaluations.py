@@ -6,6 +6,7 @@ flush; cancelled and retried by hand only; a bad data file refused before anythi
 from __future__ import annotations
 
 import json
+import re
 from datetime import timedelta
 from pathlib import Path
 
@@ -336,3 +337,36 @@ def test_an_evaluation_record_is_checked_before_its_outcome_is_booked(tmp_path: 
     assert "per_item" not in fields["record"]["evaluation"]  # the rows live in the outcome's item rewards
     ev.state = "cancelled"  # cancelled meanwhile: the attempt is booked, the evaluation not moved
     assert conclude(ev, att, JobInfo(job_id="1", state="CANCELLED"), out.parent)["evaluation_state"] is None
+
+
+def test_a_specs_evaluations_are_checked_when_it_is_parsed_and_by_preflight(tmp_path: Path) -> None:
+    from ggpo_batch import preflight
+    from ggpo_batch.errors import SpecError as Refused
+    from ggpo_batch.spec import load_spec
+
+    head = ('schema = 1\n[experiment]\nname = "sp"\nmethod = "ggpo"\nseeds = [1]\nexecutor = "{executor}"\n'
+            'profile = "dev-cluster"\ngpus = 4\n[arms.clean]\nexposure = "none"\n')
+    good = items_file(tmp_path / "good.jsonl", ["a"])
+    (tmp_path / "bad.jsonl").write_text('{"id": "a"}\n')
+
+    def spec(executor: str, *tables: str) -> Path:
+        p = tmp_path / "sp.toml"
+        p.write_text(head.format(executor=executor) + "".join(f"[[evaluations]]\n{t}\n" for t in tables))
+        return p
+
+    for tables, message in (((f'name = "training"\ndata = "{good}"',), "the training allocation's own"),
+                            (('name = "a"\ndata = "x"\nsteps = 3',), "evaluations[0].steps: unknown field"),
+                            (('name = "a"\ndata = "x"', 'name = "a"\ndata = "y"'), "'a' names two evaluations"),
+                            (('name = "a"\ndata = "x"\ngpus = 0',), "evaluations[0].gpus: must be an integer")):
+        with pytest.raises(Refused, match=re.escape(message)):
+            load_spec(spec("debug", *tables))
+    parsed = load_spec(spec("slurm", 'name = "e2"\ndata = "good.jsonl"'))  # relative to the spec's folder
+    assert parsed.evaluations[0].data == str(good) and parsed.evaluations[0].gpus == 1
+    assert parsed.expand(1)[0].evaluations == ({"name": "e2", "data": str(good), "gpus": 1},)
+    assert "evaluations" not in load_spec(spec("slurm")).canonical()  # a spec without them hashes as before
+    report = preflight.check(load_spec(spec("slurm", 'name = "e2"\ndata = "bad.jsonl"\ngpus = 8',
+                                            'name = "e3"\ndata = "good.jsonl"')))
+    problems = {p.field: p.message for p in report.problems}
+    assert "lacks 'question'" in problems["evaluations[0].data"]
+    assert "8 GPUs do not fit a node of profile 'dev-cluster'" in problems["evaluations[0].gpus"]
+    assert not any(f.startswith("evaluations[1]") for f in problems)
