@@ -238,6 +238,24 @@ def test_evaluate_queues_one_per_succeeded_run_and_refuses_what_it_cannot_run(en
         assert code == 2 and message in err and len(err.strip().splitlines()) == 1, (args, err)
     assert len(ledger.evaluations()) == 2
 
+    # cancelled: one waiting on Redis (its job removed), one whose job runs (cancelled by its executor);
+    # reconcile then books the running one's attempt, and the evaluation stays cancelled
+    waiting, running = (evaluation_key(k, "eval2") for k in keys[:2])
+    _ev, att = ledger.begin_evaluation(running, actor="w", worker="w", plan=lambda s, q: AttemptPlan("debug", 1))
+    ledger.mark_evaluation_submitted(running, att.number, job_id="debug-77", actor="w")
+    res = CliRunner().invoke(cli, ["cancel", "--experiment", "ex", "--evaluation", "eval2", "--json"])
+    assert res.exit_code == 0, res.output
+    done = {c["run_key"]: c for c in json.loads(res.stdout)["cancelled"]}
+    assert done[keys[0]]["removed_jobs"] == 1 and done[keys[0]]["was"] == "queued"
+    assert done[keys[1]]["cancelled_job"] == "debug-77" and done[keys[1]]["was"] == "submitted"
+    assert {ledger.get_evaluation(k).state for k in (waiting, running)} == {"cancelled"}
+    assert RunQueue.from_url(redis_url, "ggpo").present() == set()
+    from ggpo_batch.config import load_settings
+
+    reconcile(ledger, load_settings(), [RunQueue.from_url(redis_url, "ggpo")], actor="rec")
+    assert ledger.get_run(keys[1]).attempts[-1].state == "lost"  # a debug job of another process
+    assert ledger.get_evaluation(running).state == "cancelled" and ledger.get_run(keys[1]).state == "succeeded"
+
 
 def test_report_reads_a_named_outcome_set_with_the_same_intervals(ledger, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """The 5-arm experiment of test_report_outcomes, then an outcome set whose figures are those of a
