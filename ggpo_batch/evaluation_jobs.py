@@ -100,13 +100,17 @@ def submit_evaluation(ledger: Ledger, settings: Settings, key: str, *, worker: s
 # -- booking its end -------------------------------------------------------------------------------
 
 
-def check_evaluation_record(rec: Any, spec: EvaluationSpec, trained: set[str] | None) -> list[str]:
+def check_evaluation_record(rec: Any, spec: EvaluationSpec, trained: set[str] | None,
+                            policy_sha256: str | None = None) -> list[str]:
     """What is wrong with an evaluation record for `spec` (train/eval_job.py's table): its version,
-    run and set, the data it scored (sha256, every item once), and each item's exposure against the
+    run and set, the data it scored (sha256, every item once), the policy it loaded (against the
+    training's export, `policy_sha256`; None: not checked), and each item's exposure against the
     run's trained items (`trained`, None: not checked)."""
     if not isinstance(rec, Mapping):
         return ["not a JSON object"]
     problems = []
+    if policy_sha256 is not None and rec.get("policy_sha256") != policy_sha256:
+        problems.append("it scored another policy than the run exported (policy_sha256 differs)")
     if rec.get("evaluation_record") != EVALUATION_RECORD_VERSION:
         problems.append(f"evaluation_record {rec.get('evaluation_record')!r}, expected {EVALUATION_RECORD_VERSION}")
     if (rec.get("run_key"), rec.get("name")) != (spec.run_key, spec.name):
@@ -130,12 +134,16 @@ def check_evaluation_record(rec: Any, spec: EvaluationSpec, trained: set[str] | 
     return problems
 
 
-def _trained(details: str) -> set[str] | None:
+def _training(details: str) -> tuple[set[str] | None, str | None]:
+    """(trained item ids, policy sha256) from the run's training details (None where absent)."""
     try:
-        ids = json.loads(Path(details).read_text()).get("trained_item_ids")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return {str(i) for i in ids} if isinstance(ids, list) else None
+        data = json.loads(Path(details).read_text())
+    except (OSError, ValueError):
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    ids, sha = data.get("trained_item_ids"), data.get("policy_sha256")
+    return ({str(i) for i in ids} if isinstance(ids, list) else None), (sha if isinstance(sha, str) else None)
 
 
 def read_evaluation_record(folder: Path, spec: EvaluationSpec) -> tuple[dict[str, Any] | None, str | None]:
@@ -147,7 +155,7 @@ def read_evaluation_record(folder: Path, spec: EvaluationSpec) -> tuple[dict[str
         return None, "the job ended without writing its evaluation record"
     except (OSError, ValueError) as exc:
         return None, f"evaluation record unreadable: {exc}"
-    problems = check_evaluation_record(rec, spec, _trained(spec.details_path))
+    problems = check_evaluation_record(rec, spec, *_training(spec.details_path))
     if problems:
         return None, "evaluation record invalid: " + "; ".join(problems[:3])
     return rec, None

@@ -334,6 +334,9 @@ def test_an_evaluation_record_is_checked_before_its_outcome_is_booked(tmp_path: 
     wrong_exposure["evaluation"]["per_item"][1]["exposed"] = True
     other_data = {**good, "data": {**good["data"], "sha256": "cd"}}
     missing = _record(spec, rows[:1])
+    assert check_evaluation_record({**good, "policy_sha256": "p1"}, spec, trained, "p1") == []
+    assert any("another policy" in p for p in check_evaluation_record({**good, "policy_sha256": "p2"}, spec, trained,
+                                                                      "p1"))
     for rec, why in ((wrong_exposure, "exposure that disagrees"), (other_data, "another data file"),
                      (missing, "1 rows for 1 distinct items; the data file has 2"),
                      ({**good, "run_key": "y"}, "not x-v1-1-clean/e")):

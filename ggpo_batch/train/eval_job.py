@@ -16,7 +16,9 @@ set and books this allocation's GPU-hours from its timing):
 | `evaluation_record` | this record's version (EVALUATION_RECORD_VERSION) |
 | `run_key`, `name` | the run and the outcome set |
 | `data` | `path`, `sha256` (checked against the one validated by `evaluate`), `items` |
-| `policy_dir`, `rollout`, `world_size`, `gpus`, `dtype` | what scored them, on what |
+| `policy_dir`, `policy_sha256` | the exported policy scored (the training details' `policy_sha256`) |
+| `prompts_sha256` | sha256 of the items' prompt token ids as the run's codec renders them (JSON) |
+| `rollout`, `world_size`, `gpus`, `dtype` | on what, how |
 | `exposure` | `basis` (`trained_item_ids`), `trained_items` (the run's), `exposed_items` (of this set) |
 | `evaluation` | train/evaluation.py's summary with its `per_item` rows |
 | `timing` | `setup_seconds`, `evaluation_seconds`, `elapsed_seconds` (allocation start to the write) |
@@ -24,6 +26,7 @@ set and books this allocation's GPU-hours from its timing):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import socket
@@ -95,8 +98,8 @@ class EvaluationJob:
         from . import task
         from .backends import make_backend
         from .codec import make_codec
-        from .evaluation import evaluate_items
-        from .hf import load_model
+        from .evaluation import EVAL_TEMPLATE, evaluate_items
+        from .hf import directory_sha256, load_model
         from .retrieval import Retriever
 
         logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{rank} %(name)s %(message)s")
@@ -133,10 +136,15 @@ class EvaluationJob:
             evaluation = evaluate_items(cfg, codec, backend, retriever, items, exposed, planned=len(exposed),
                                         rank=rank, world=world, seed=run.seed)
             evaluation_seconds = time.time() - t1
+            # What was scored, checkable: the prompts as the run's codec renders them, and the policy
+            # (settlement compares it with the training's export, train/job.py's policy_sha256).
+            prompts = json.dumps([codec.prompt(EVAL_TEMPLATE, it) for it in items], separators=(",", ":"))
             record = {
                 "evaluation_record": EVALUATION_RECORD_VERSION, "run_key": spec.run_key, "name": spec.name,
                 "data": {"path": spec.data_path, "sha256": spec.data_sha256, "items": len(items)},
-                "policy_dir": str(policy), "rollout": cfg.rollout, "world_size": world, "gpus": spec.gpus,
+                "policy_dir": str(policy), "policy_sha256": directory_sha256(policy) if rank == 0 else None,
+                "prompts_sha256": hashlib.sha256(prompts.encode()).hexdigest(),
+                "rollout": cfg.rollout, "world_size": world, "gpus": spec.gpus,
                 "dtype": dtype, "under_submitit": under_submitit,
                 "exposure": {"basis": "trained_item_ids", "trained_items": len(trained), "exposed_items": len(exposed)},
                 "evaluation": evaluation,

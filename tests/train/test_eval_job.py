@@ -65,9 +65,11 @@ def test_the_evaluation_job_gives_the_same_greedy_answers_through_torch_and_vllm
     data.write_text("".join(json.dumps({"id": i.item_id, "question": i.question, "answers": list(i.answers),
                                         "support_titles": list(i.support_titles)}) + "\n" for i in items))
     trained = [items[0].item_id, items[4].item_id, "elsewhere"]
-    details = tmp_path / "record.json.details.json"
-    details.write_text(json.dumps({"trained_item_ids": trained}))
     policy = _policy(tmp_path / "record.json.policy")
+    from ggpo_batch.train.hf import directory_sha256
+
+    details = tmp_path / "record.json.details.json"
+    details.write_text(json.dumps({"trained_item_ids": trained, "policy_sha256": directory_sha256(policy)}))
     specs = {b: _spec(tmp_path, b, data, details, policy) for b in ("torch", "vllm")}
     changed = tmp_path / "changed.jsonl"
     changed.write_text(data.read_text())
@@ -89,7 +91,7 @@ def test_the_evaluation_job_gives_the_same_greedy_answers_through_torch_and_vllm
     assert [r["exposed"] for r in rows["torch"]] == [i.item_id in trained for i in items]
     for b, spec in specs.items():
         rec = json.loads((tmp_path / b / "evaluation.json").read_text())
-        assert check_evaluation_record(rec, spec, set(trained)) == []
+        assert check_evaluation_record(rec, spec, set(trained), directory_sha256(policy)) == []
         assert rec["rollout"] == b and rec["dtype"] == "float32" and rec["exposure"]["exposed_items"] == 2
     assert "changed since `evaluate` validated it" in got[str(tmp_path / "stale" / "evaluation.json")]
     assert not (tmp_path / "stale" / "evaluation.json").exists()
