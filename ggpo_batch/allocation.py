@@ -36,6 +36,9 @@ TIME_LIMIT_NAME = "time_limit.json"
 CHECKPOINT_NAME = "checkpoint"
 # A run's trained policy, exported beside its record as a Hugging Face directory.
 POLICY_SUFFIX = ".policy"
+# What an evaluation after training writes in its attempt folder (train/eval_job.py), read by
+# settlement (evaluation_jobs.py): its own small record, not a seeds/000 entry.
+EVALUATION_RECORD_NAME = "evaluation.json"
 # Exported by the batch script with the allocation's time limit and the profile's signal delay
 # (seconds): the job's save deadline is start + limit - delay (`save_deadline`), counted from
 # the allocation's start, not from the end of the job's own setup.
@@ -56,6 +59,11 @@ def record_path(folder: Path) -> Path:
 def details_path(folder: Path) -> Path:
     """Where the job of the attempt in `folder` writes its details (evaluation included)."""
     return Path(folder) / DETAILS_NAME
+
+
+def evaluation_record_path(folder: Path) -> Path:
+    """Where the evaluation job of the attempt in `folder` writes its evaluation record."""
+    return Path(folder) / EVALUATION_RECORD_NAME
 
 
 def details_of(record: Path) -> Path:

@@ -1,9 +1,9 @@
 """Keeping a run's files in bounds: its checkpoint once its record is booked, and (`ggpo-batch gc`)
 the checkpoints and attempt folders of finished runs.
 
-What is never removed: a result record, its details, an exported policy (wherever they are), the
-folder holding the last attempt's logs (for a job Slurm requeued, the folder of the attempt that
-submitted it: `joblogs.job_folder`), and anything of a run that is not finished or has an attempt
+What is never removed: a result record, its details, an exported policy, an evaluation record
+(wherever they are), the folder holding the last attempt's logs (for a job Slurm requeued, the
+folder of the attempt that submitted it: `joblogs.job_folder`), and anything of a run that is not finished or has an attempt
 that may still hold an allocation. Each run's files are removed with the run locked in the ledger
 (`Ledger.clean_run`), which books what went as an event in the same transaction.
 """
@@ -22,6 +22,7 @@ from typing import Any
 from .allocation import (
     CHECKPOINT_NAME,
     DETAILS_NAME,
+    EVALUATION_RECORD_NAME,
     POLICY_SUFFIX,
     RECORD_NAME,
     checkpoint_folder,
@@ -34,7 +35,7 @@ from .states import IN_FLIGHT_ATTEMPT_STATES, UNFINISHED_RUN_STATES
 log = logging.getLogger(__name__)
 
 # Files of an attempt folder that gc never removes: what the run produced.
-PROTECTED_NAMES = frozenset({RECORD_NAME, DETAILS_NAME, RECORD_NAME + POLICY_SUFFIX})
+PROTECTED_NAMES = frozenset({RECORD_NAME, DETAILS_NAME, RECORD_NAME + POLICY_SUFFIX, EVALUATION_RECORD_NAME})
 # A checkpoint folder of a job run outside the queue's layout (`train -o X` writes X.ckpt).
 LEGACY_CHECKPOINT_SUFFIX = ".ckpt"
 

@@ -40,6 +40,11 @@ ARM_NAME_RULE = f"letters, digits and '_', at most {ARM_NAME_MAX}"
 # Run keys are RQ job ids: RQ accepts only [A-Za-z0-9_-]. The length of the runs.run_key column.
 RUN_KEY_MAX = 200
 RUN_KEY = re.compile(rf"^[A-Za-z0-9_-]{{1,{RUN_KEY_MAX}}}$")
+# An outcome set's name (`evaluate --name`, a spec's [[evaluations]] name): an arm name's rule, no
+# '-', so an evaluation's key `<run key>-eval_<name>` (an RQ job id) names one pair only. The
+# length of the evaluations.key column.
+EVALUATION_KEY_INFIX = "-eval_"
+EVALUATION_KEY_MAX = RUN_KEY_MAX + len(EVALUATION_KEY_INFIX) + ARM_NAME_MAX
 # Who did something (GGPO_USER, or the login name): the length of every actor column.
 USER_MAX = 128
 # An RQ worker's name: the length of runs.worker and attempts.worker.
@@ -112,6 +117,11 @@ def name_problem(value: Any) -> str | None:
 
 
 def arm_name_problem(value: Any) -> str | None:
+    return _pattern_problem(value, ARM_NAME, ARM_NAME_RULE)
+
+
+def outcome_set_problem(value: Any) -> str | None:
+    """The name of an outcome set (an evaluation after training)."""
     return _pattern_problem(value, ARM_NAME, ARM_NAME_RULE)
 
 

@@ -112,6 +112,7 @@ def check(spec: ExperimentSpec, *, arms: list[str] | None = None, profiles_dir: 
     data = _data(spec, cfg, report)
     if data is not None:
         _arms(cfg, chosen, data, report)
+    _evaluations(spec, report)
     model = _model(cfg, report)
     if model is not None and data is not None:
         _prompts_fit(cfg, chosen, data, model["codec"], report)
@@ -217,6 +218,24 @@ def _support(items: tuple[Item, ...], passages: Any, report: Report) -> None:
         report.facts["support_titles_missing"] = {"items": cov.items_missing, "of": cov.items_with_titles,
                                                   "share": round(cov.share_missing, 4)}
         log.warning("preflight: train.data.passages: %s", cov.message())
+
+
+def _evaluations(spec: ExperimentSpec, report: Report) -> None:
+    """The data files of [[evaluations]] (checked as train.data's eval file) and their GPUs against the
+    executor: what settlement will queue once each run succeeds."""
+    from .evaluation_spec import check_data, check_gpus
+    from .train.task import DataFileError
+
+    run_spec = {"executor": spec.executor, "profile": spec.profile, "train": dict(spec.train)}
+    for i, r in enumerate(spec.evaluations):
+        try:
+            check_data(r.data, spec.path, f"evaluations[{i}].data")
+        except DataFileError as exc:
+            report.add(exc.field, exc.problem, absent=exc.absent)
+        try:
+            check_gpus(run_spec, r.gpus, spec.path, f"evaluations[{i}].gpus")
+        except SpecError as exc:
+            report.add(exc.field, exc.problem)
 
 
 def _arms(cfg: TrainConfig, arms: list[ArmSpec], data: _Data, report: Report) -> None:

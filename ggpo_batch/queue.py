@@ -35,6 +35,8 @@ from .priorities import DEFAULT_PRIORITY, NORMAL, PRIORITIES, by_priority, rq_qu
 log = logging.getLogger(__name__)
 
 JOB_FUNC = "ggpo_batch.worker.execute_run"
+# An evaluation after training: its key (`<run key>-eval_<name>`) is the job id and only argument.
+EVALUATION_JOB_FUNC = "ggpo_batch.worker.execute_evaluation"
 CHUNK = 500
 RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600
@@ -100,19 +102,19 @@ class RunQueue:
     def inline(self) -> bool:
         return not self.queue.is_async
 
-    def _data(self, run_key: str, job_id: str) -> object:
+    def _data(self, run_key: str, job_id: str, func: str = JOB_FUNC) -> object:
         # The run key travels as the job's only argument; the job id may differ (a deferral).
-        return Queue.prepare_data(JOB_FUNC, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
+        return Queue.prepare_data(func, args=(run_key,), job_id=job_id, timeout=JOB_TIMEOUT,
                                   result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
 
-    def enqueue(self, run_keys: Sequence[str], priority: str = DEFAULT_PRIORITY) -> int:
+    def enqueue(self, run_keys: Sequence[str], priority: str = DEFAULT_PRIORITY, *, func: str = JOB_FUNC) -> int:
         """Put one job per run on the queue of `priority` (in pipelined chunks); returns how many were
-        enqueued."""
+        enqueued. `func` EVALUATION_JOB_FUNC: the keys are evaluations' (ggpo_batch/evaluations.py)."""
         queue = self.queues[priority]
         if self.inline:  # each job runs now, in this process, one after the other
             with progress.task("runs", total=len(run_keys)) as shown:
                 for key in run_keys:
-                    queue.enqueue_call(JOB_FUNC, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
+                    queue.enqueue_call(func, args=(key,), job_id=key, timeout=JOB_TIMEOUT,
                                        result_ttl=RESULT_TTL, description=key)
                     shown.watch(None)
                     shown.advance()
@@ -125,16 +127,16 @@ class RunQueue:
         n = 0
         for i in range(0, len(run_keys), CHUNK):
             chunk = run_keys[i:i + CHUNK]
-            with self._chunk(chunk, queue) as pipe:
+            with self._chunk(chunk, queue, func) as pipe:
                 pipe.execute()
             n += len(chunk)
         return n
 
-    def enqueue_by_priority(self, keys_priorities: Iterable[tuple[str, str]]) -> int:
-        """`enqueue` of runs of several priorities, each on its own queue, highest first."""
-        return sum(self.enqueue(keys, priority) for priority, keys in by_priority(keys_priorities).items())
+    def enqueue_by_priority(self, keys_priorities: Iterable[tuple[str, str]], *, func: str = JOB_FUNC) -> int:
+        """`enqueue` of runs (or evaluations) of several priorities, each on its own queue, highest first."""
+        return sum(self.enqueue(keys, priority, func=func) for priority, keys in by_priority(keys_priorities).items())
 
-    def _chunk(self, run_keys: Sequence[str], queue: Queue) -> Pipeline:
+    def _chunk(self, run_keys: Sequence[str], queue: Queue, func: str = JOB_FUNC) -> Pipeline:
         """One pipeline holding the jobs of `run_keys`, not executed: nothing is written yet.
 
         RQ creates and writes the chunk's first job itself. Every other job is that job's hash
@@ -145,24 +147,25 @@ class RunQueue:
         fails it."""
         pipe = self.connection.pipeline()
         first, rest = run_keys[0], run_keys[1:]
-        (job,) = queue.enqueue_many([self._data(first, first)], pipeline=pipe)  # type: ignore[list-item]
+        (job,) = queue.enqueue_many([self._data(first, first, func)], pipeline=pipe)  # type: ignore[list-item]
         if rest:
             encode = self.connection.get_encoder().encode
             template = {name: encode(value) for name, value in job.to_dict().items()}
             dumps = queue.serializer.dumps
             for key in rest:
                 fields = template.copy()
-                fields["data"] = zlib.compress(dumps((JOB_FUNC, None, (key,), {})))  # as Job.data, then to_dict
+                fields["data"] = zlib.compress(dumps((func, None, (key,), {})))  # as Job.data, then to_dict
                 fields["description"] = encode(key)
                 pipe.hset(Job.key_for(key), mapping=fields)  # type: ignore[arg-type]
             pipe.rpush(queue.key, *rest)
         return pipe
 
-    def defer(self, run_key: str, seconds: int, *, generation: int, priority: str = DEFAULT_PRIORITY) -> str:
-        """Re-queue a run on its priority's queue after `seconds` (needs a worker started with the
-        scheduler, as ours are)."""
+    def defer(self, run_key: str, seconds: int, *, generation: int, priority: str = DEFAULT_PRIORITY,
+              func: str = JOB_FUNC) -> str:
+        """Re-queue a run (or with EVALUATION_JOB_FUNC an evaluation) on its priority's queue after
+        `seconds` (needs a worker started with the scheduler, as ours are)."""
         job_id = f"{run_key}-deferred{int(generation)}"
-        self.queues[priority].enqueue_in(timedelta(seconds=seconds), JOB_FUNC, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
+        self.queues[priority].enqueue_in(timedelta(seconds=seconds), func, run_key, job_id=job_id, job_timeout=JOB_TIMEOUT,
                               result_ttl=RESULT_TTL, failure_ttl=FAILURE_TTL, description=run_key)
         return job_id
 

@@ -2,8 +2,10 @@
 
 One cycle asks each executor about all its active attempts in ONE call (for Slurm: one sacct),
 books the ones that ended, settles attempts whose worker died while submitting (found by name:
-submitted; not found: lost), re-queues runs the ledger has as queued but Redis has lost, and ends
-with the notifications (ggpo_batch/notify/cycle.py): what it observed, and the outbox delivered.
+submitted; not found: lost), re-queues runs (and evaluations after training) the ledger has as
+queued but Redis has lost, and ends with the notifications (ggpo_batch/notify/cycle.py): what it
+observed, and the outbox delivered. An evaluation's attempt is booked by evaluation_jobs.py: its run
+is never moved.
 Idempotent: a second cycle with nothing new changes nothing.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,7 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from sqlalchemy.exc import InterfaceError, OperationalError
 
-from . import progress
+from . import evaluation_jobs, progress
 from .allocation import attempt_folder
 from .config import Settings
 from .errors import ExecutorError, LedgerError
@@ -33,10 +35,11 @@ from .ledger import Ledger, connect
 from .ledger.heartbeats import heartbeat_time
 from .ledger.schema import Attempt, Run, utcnow
 from .notify.cycle import notify_cycle
-from .queue import RunQueue
+from .priorities import DEFAULT_PRIORITY
+from .queue import EVALUATION_JOB_FUNC, JOB_FUNC, RunQueue
 from .runspec import RunSpec
 from .settlement import over_allowance, retries_used, settle
-from .states import SCHEDULER_NODE_FAILURE
+from .states import ATTEMPT_KIND_EVALUATION, SCHEDULER_NODE_FAILURE
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +97,11 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             if att.job_id not in accounts:
                 continue
             info, segments = accounts[att.job_id].latest, accounts[att.job_id].segments  # type: ignore[index]
+            if att.kind == ATTEMPT_KIND_EVALUATION:  # an evaluation after training: its run stays succeeded
+                with _one_run(rep, run.run_key):
+                    ended, started = evaluation_jobs.reconcile_attempt(ledger, settings, run, att, info, actor=actor)
+                    rep.ended, rep.started = rep.ended + ended, rep.started + started
+                continue
             with _one_run(rep, run.run_key):
                 run, att = _book_requeues(ledger, run, att, segments, actor)
                 if not info.final and over_allowance(run):
@@ -111,6 +119,11 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
         for run, att in pairs:
             if att.job_id or att.state != "submitting":
                 continue
+            if att.kind == ATTEMPT_KIND_EVALUATION:
+                with _one_run(rep, run.run_key):
+                    rep.resolved_submitting += evaluation_jobs.resolve_submitting(
+                        ledger, settings, ex, run, att, busy=busy, stale_after=stale_after, actor=actor)
+                continue
             if run.run_key in busy or utcnow() - att.created_at < stale_after:
                 continue  # its worker may still be submitting it
             with _one_run(rep, run.run_key):
@@ -126,7 +139,9 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                                                              by_name.get(settings.queue_for(run.experiment.queue))):
                     rep.retried += 1
 
-    rep.requeued = _requeue_missing(ledger, settings, queues)
+    rep.requeued = (_requeue_missing(ledger, settings, queues, ledger.queued_run_keys, JOB_FUNC, "run")
+                    + _requeue_missing(ledger, settings, queues, ledger.queued_evaluation_keys, EVALUATION_JOB_FUNC,
+                                       "evaluation"))
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     notify_cycle(ledger, settings)  # what it observed, and the outbox's deliveries: bounded, never raises
     return rep
@@ -230,19 +245,23 @@ def _refuse_requeue(ex: Executor, run: Run, att: Attempt) -> None:
         log.info("reconcile %s: %s", run.run_key, exc.message)
 
 
-def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue]) -> int:
-    """Runs queued in the ledger with no job on Redis (e.g. after a Redis restart) go back on it."""
+def _requeue_missing(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue],
+                     queued: Callable[..., Mapping[str, str] | set[str]], func: str, what: str) -> int:
+    """Runs (or evaluations after training: `queued` and `func` say which) queued in the ledger with
+    no job on Redis (e.g. after a Redis restart) go back on it."""
     n = 0
     for q in queues:
         if q.inline:
             continue
         # Two id sets, no run or job objects: the work is that of comparing keys, at any backlog.
-        queued = ledger.queued_run_keys(q.name, default_queue=settings.queue)
-        missing = sorted(set(queued) - q.present())
+        waiting = queued(q.name, default_queue=settings.queue)
+        # runs carry their priority (a mapping); evaluations after training go on the normal queue
+        priority = waiting if isinstance(waiting, Mapping) else dict.fromkeys(waiting, DEFAULT_PRIORITY)
+        missing = sorted(set(priority) - q.present())
         if missing:
             q.forget(missing)
-            n += q.enqueue_by_priority((key, queued[key]) for key in missing)
-            log.info("reconcile: re-queued %d run(s) missing from Redis queue %s", len(missing), q.name)
+            n += q.enqueue_by_priority(((key, priority[key]) for key in missing), func=func)
+            log.info("reconcile: re-queued %d %s(s) missing from Redis queue %s", len(missing), what, q.name)
     return n
 
 

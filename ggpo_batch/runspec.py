@@ -43,7 +43,7 @@ class ArmSpec:
 
 # What a run spec says about where and how often a run runs, not about its result.
 _NOT_CONFIG = frozenset({"executor", "profile", "retries", "run_key", "experiment_version", "continue_on_timeout",
-                         "max_continuations", "keep_checkpoints"})
+                         "max_continuations", "keep_checkpoints", "evaluations"})
 # Continuations of a run past its time limit allowed by default (with continue_on_timeout).
 DEFAULT_MAX_CONTINUATIONS = 3
 
@@ -84,6 +84,9 @@ class RunSpec:
     continue_on_timeout: bool = False
     max_continuations: int = DEFAULT_MAX_CONTINUATIONS
     keep_checkpoints: bool = False  # keep the run's checkpoint after its record is booked
+    # The spec's [[evaluations]] ({"name", "data", "gpus"}, evaluation_spec.EvaluationRequest): queued
+    # by settlement once the run succeeds, after its training (not part of its result: not hashed).
+    evaluations: tuple[Mapping[str, Any], ...] = ()
 
     @property
     def allocated_gpus(self) -> int:
@@ -101,6 +104,7 @@ class RunSpec:
             "version": self.version,
             **({"nodes": self.nodes} if self.nodes != 1 else {}),  # absent at 1: older run specs and hashes stay
             **{k: v for k, v in self.lifecycle().items() if v != LIFECYCLE_DEFAULTS[k]},  # absent at defaults
+            **({"evaluations": [dict(e) for e in self.evaluations]} if self.evaluations else {}),  # absent if none
             "arm": {"name": a.name, "exposure": a.exposure, "exposed_items": a.exposed_items,
                     "templates": list(a.templates), "auxiliary_answer_loss": a.auxiliary_answer_loss},
         }
@@ -131,4 +135,6 @@ class RunSpec:
         d = dict(d)
         arm = dict(d.pop("arm"))
         arm["templates"] = tuple(arm.get("templates", ()))
+        if "evaluations" in d:
+            d["evaluations"] = tuple(dict(e) for e in d["evaluations"])
         return cls(arm=ArmSpec(**arm), **d)

@@ -33,25 +33,29 @@ _STATUS_MAPS = tuple(f"experiments.{p}" for p in _ARM_FIGURES)
 _REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_templates", "paired_vs_baseline")
 
 SCHEMAS: dict[str, Schema] = {
-    "status": Schema(2, "ggpo-batch status --json; GET /api/status",
+    "status": Schema(3, "ggpo-batch status --json; GET /api/status",
                      "Per experiment version: totals and per-arm figures, the runs listed; then the experiments "
                      "decided before anything was queued. Streamed: `schema` is on the first line.",
                      _STATUS_MAPS),
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
                          ("components", "components.*.nights.metrics", "components.*.moved")),
-    "report": Schema(2, "ggpo-batch report NAME --json (or --format json)",
+    "report": Schema(3, "ggpo-batch report NAME --json (or --format json)",
                      "One experiment's outcome per arm with intervals, paired differences, cost; warnings first. "
-                     "`train` is the spec's `[train]` table as the run specs hold it.",
+                     "`outcome_set` says whose outcome (`report --outcomes`); `train` is the spec's `[train]` "
+                     "table as the run specs hold it.",
                      _REPORT_MAPS, ("train",)),
-    "report_comparison": Schema(2, "ggpo-batch report A B --json",
+    "report_comparison": Schema(3, "ggpo-batch report A B --json",
                                 "Two experiments (or versions) side by side.",
                                 ("arms", "paired_vs_baseline",
                                  *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS)),
                                 ("a.train", "b.train")),
     "enqueue": Schema(1, "ggpo-batch enqueue SPEC --json", "The runs expanded from a spec, what was queued, the "
                       "cost estimate and the preflight's facts.", ("preflight",)),
-    "cancel": Schema(1, "ggpo-batch cancel --json", "The runs cancelled and what each was before."),
+    "cancel": Schema(2, "ggpo-batch cancel --json", "The runs (or, with --evaluation, the evaluations after "
+                     "training) cancelled and what each was before."),
+    "evaluate": Schema(1, "ggpo-batch evaluate EXPERIMENT --data FILE --name NAME --json", "The evaluations "
+                       "after training queued (or already there) per succeeded run, the runs left out and why."),
     "reconcile": Schema(1, "ggpo-batch reconcile --json", "What one reconcile pass polled, ended, started and "
                         "put back on the queue."),
     "decide": Schema(1, "ggpo-batch decide NAME --not-reproduced --json", "The decision recorded and the queued "
@@ -64,18 +68,20 @@ SCHEMAS: dict[str, Schema] = {
                          "needs."),
     "ledger_import": Schema(1, "ggpo-batch ledger import FILE --json", "The experiment an import created (or found "
                             "already there) and its GPU-hours."),
-    "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
-                            "notebook. Streamed: `schema` is on the first line."),
+    "ledger_export": Schema(2, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
+                            "notebook (an attempt's `kind`: training, continuation, evaluation; a run's "
+                            "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
                     "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),
-    "dashboard_experiment": Schema(3, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(4, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
                                     *(f"report.{p}" for p in _REPORT_MAPS)), ("report.train",)),
     "gc": Schema(1, "ggpo-batch gc --json", "What was (or, with --dry-run, would be) removed per finished run, "
                  "what was freed, the live runs left alone."),
-    "dashboard_run": Schema(3, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
-                            "heartbeats and log tails (or why a log is not shown: `problem`), its events."),
+    "dashboard_run": Schema(4, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats and log tails (or why a log is not shown: `problem`), its evaluations after "
+                            "training, its events."),
     "config": Schema(1, "ggpo-batch config --json", "Every setting as the commands use it (secrets masked) and "
                      "where it came from: the environment, a settings file, or the default; the settings files "
                      "looked at."),
@@ -84,7 +90,7 @@ SCHEMAS: dict[str, Schema] = {
     "notification": Schema(1, "the body of a webhook POST (ggpo_batch/notify/senders.py)", "One notification: "
                            "Slack's `text`, its kind, idempotency key (also the Idempotency-Key header), time and "
                            "structured fields (`fields`: what its kind says, e.g. `run_key`, `reason`; keyed by "
-                           "name).", ("fields", "fields.*")),
+                           "name; a field's value may be any JSON).", ("fields",), ("fields.*",)),
 }
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .allocation import details_path, record_path
 from .config import Settings
 from .continuation import TimeLimitNote, judge, lifecycle, read_note
 from .costguard import CapCheck, check_continuation
+from .evaluations import enqueue_evaluations, for_run, planned_by_spec
 from .executor.base import JobInfo
 from .ledger import Ledger
 from .ledger.schema import Attempt, Run
@@ -125,36 +127,53 @@ def settle(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Pa
            settings: Settings | None = None) -> Outcome:
     """Book the end of `attempt`: state, times, both GPU-hour figures, result and the evaluation's
     outcome (from the details file, when the job wrote one); re-queue if allowed, or continue the
-    run past its time limit (the cost guard consulted with `settings`' caps)."""
+    run past its time limit (the cost guard consulted with `settings`' caps). A run that succeeds
+    queues its spec's [[evaluations]] in the same transaction (evaluations.py)."""
     cost = continuation_cost(ledger, run, attempt, info, folder, settings)
+    planned = _planned(run.run_spec, run.run_key, info, folder)
     out, fields = _conclude(run, attempt, info, folder, cost)
+    fields["evaluations"] = for_run(planned, run.id) if out.run_state == "succeeded" else []
     ledger.mark_finished(run.run_key, attempt.number, actor=actor, **fields)
-    return _after(ledger, run, attempt, info, folder, out, actor=actor)
+    return _after(ledger, run, attempt, info, folder, out, actor=actor, evaluations=fields["evaluations"],
+                  settings=settings, queue=settings.queue_for(run.experiment.queue) if settings else None)
 
 
 def settle_own(ledger: Ledger, run_key: str, number: int, info: JobInfo, folder: Path, *, actor: str,
-               job_id: str | None = None, settings: Settings | None = None) -> Outcome:
+               job_id: str | None = None, settings: Settings | None = None,
+               run_spec: dict[str, Any] | None = None, queue: str | None = None) -> Outcome:
     """`settle` for the worker that ran the job itself: decided on the run as the finishing
     transaction locks it (no read of the run before, but for the cost guard's check of a
-    continuation past a time limit). With `job_id` the attempt is booked as submitted to that job in
-    the same transaction (`Ledger.settle_attempt`)."""
+    continuation past a time limit, or for the spec of a completed run whose worker did not pass
+    `run_spec`). With `job_id` the attempt is booked as submitted to that job in the same transaction
+    (`Ledger.settle_attempt`). `queue`: where the spec's [[evaluations]] go on Redis."""
     decided: list[Outcome] = []
-    cost, run_spec = None, None
+    cost = None
     if info.state == "TIMEOUT":
         whole = ledger.get_run(run_key)
         run_spec = whole.run_spec
         cost = continuation_cost(ledger, whole, next(a for a in whole.attempts if a.number == number), info, folder,
                                  settings)
+    elif info.state == "COMPLETED" and run_spec is None:
+        run_spec = ledger.submission_view(run_key)[1]
+    planned = _planned(run_spec, run_key, info, folder)  # files read before the transaction, not in it
+    queued: list[Any] = []
 
     def conclude(run: Run, attempt: Attempt) -> dict[str, Any]:
         if run_spec is not None:  # the locked run is read without its spec, which a continuation reads
             run.run_spec = run_spec
         out, fields = _conclude(run, attempt, info, folder, cost)
+        queued[:] = for_run(planned, run.id) if out.run_state == "succeeded" else []
         decided[:] = [out]  # the transaction may be retried: keep the last decision
-        return fields
+        return {**fields, "evaluations": queued}
 
     run, attempt = ledger.settle_attempt(run_key, number, conclude, actor=actor, job_id=job_id)
-    return _after(ledger, run, attempt, info, folder, decided[0], actor=actor)
+    return _after(ledger, run, attempt, info, folder, decided[0], actor=actor, evaluations=queued, settings=settings,
+                  queue=queue)
+
+
+def _planned(run_spec: dict[str, Any] | None, run_key: str, info: JobInfo, folder: Path) -> list[Any]:
+    """The spec's [[evaluations]] a completed job's run would queue if its attempt is booked succeeded."""
+    return planned_by_spec(run_spec, run_key, folder) if info.state == "COMPLETED" else []
 
 
 def _own_seconds(folder: Path, record: dict[str, Any]) -> float:
@@ -196,8 +215,13 @@ def _conclude(run: Run, attempt: Attempt, info: JobInfo, folder: Path,
 
 
 def _after(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, out: Outcome, *,
-           actor: str) -> Outcome:
-    """What follows the booked end: the record as an artifact, the infrastructure retry."""
+           actor: str, evaluations: Sequence[Any] = (), settings: Settings | None = None,
+           queue: str | None = None) -> Outcome:
+    """What follows the booked end: the record as an artifact, the infrastructure retry, the RQ jobs
+    of the evaluations its success queued (without `settings` or a `queue`, reconcile enqueues them)."""
+    keys = [e.key for e in evaluations if e.state == "queued"]
+    if keys and settings is not None and queue is not None:
+        enqueue_evaluations(settings, queue, keys)
     rec_path = record_path(folder)
     if out.record is not None:
         ledger.record_artifact(path=str(rec_path), sha256=hashlib.sha256(rec_path.read_bytes()).hexdigest(),

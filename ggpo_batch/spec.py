@@ -19,6 +19,7 @@ from typing import Any
 from . import limits
 from .accounting import allocated_gpus
 from .errors import SpecError
+from .evaluation_spec import EvaluationRequest, parse_evaluations, spec_requests
 from .executor import EXECUTOR_NAMES
 from .priorities import DEFAULT_PRIORITY, PRIORITIES
 from .runspec import (
@@ -49,7 +50,7 @@ _EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "
 
 _OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
 _ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
-_TOP_KEYS = {"schema", "experiment", "overheads", "train", "arms"}
+_TOP_KEYS = {"schema", "experiment", "overheads", "train", "arms", "evaluations"}
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,8 @@ class ExperimentSpec:
     # (why)". Not part of the spec's identity: the values themselves are in `train`.
     defaults: tuple[str, ...] = ()
     priority: str = DEFAULT_PRIORITY  # high | normal | low: how its runs are scheduled (priorities.py)
+    # [[evaluations]]: scored after training, once each run succeeds (evaluation_spec.py)
+    evaluations: tuple[EvaluationRequest, ...] = ()
 
     @property
     def allocated_gpus(self) -> int:
@@ -110,6 +113,8 @@ class ExperimentSpec:
             if d[key] == default:
                 d.pop(key)
         d["arms"] = [asdict(a) for a in self.arms]
+        if not self.evaluations:  # absent when none: specs hashed before [[evaluations]] keep their hash
+            d.pop("evaluations")
         return json.loads(json.dumps(d, sort_keys=True))
 
     @property
@@ -128,7 +133,7 @@ class ExperimentSpec:
             method=self.method, arm=arm, seed=seed, gpus=self.gpus, loop_budget_seconds=self.loop_budget_seconds,
             executor=self.executor, profile=self.profile, retries=self.retries, train=dict(self.train),
             nodes=self.nodes, continue_on_timeout=self.continue_on_timeout, max_continuations=self.max_continuations,
-            keep_checkpoints=self.keep_checkpoints,
+            keep_checkpoints=self.keep_checkpoints, evaluations=spec_requests(self.evaluations),
         )
 
     def expand(self, version: int, arms: Sequence[str] | None = None,
@@ -340,12 +345,14 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     problem = limits.json_problem(train)  # stored as JSON in the ledger: finite, bounded, plain
     if problem:
         raise SpecError(p, "train", problem)
+    evaluations = parse_evaluations(p, data["evaluations"]) if "evaluations" in data else ()
     from .spec_defaults import apply
 
     return apply(ExperimentSpec(path=p, name=name, method=method, seeds=tuple(seeds), arms=arms, gpus=gpus,
                                 loop_budget_seconds=budget, executor=executor, profile=profile, max_gpu_hours=max_gh,
                                 retries=retries, queue=queue, description=description, overheads=overheads,
-                                train=json.loads(json.dumps(train)), nodes=nodes, priority=priority, **lifecycle))
+                                train=json.loads(json.dumps(train)), nodes=nodes, priority=priority, evaluations=evaluations,
+                                **lifecycle))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

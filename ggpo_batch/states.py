@@ -49,11 +49,30 @@ ATTEMPT_FINAL = frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"
 INFRASTRUCTURE_ATTEMPT_STATES = frozenset({"preempted", "node_fail", "lost"})
 # An attempt that never reached a scheduler ends as one of these.
 UNSUBMITTED_ATTEMPT_END = frozenset({"lost", "failed"})
-# What an attempt's GPU-hours were spent on: a run's training from its start (or a retry of it), or
-# the continuation of a run past a time limit in a new allocation (from the run's checkpoint).
+# What an attempt's GPU-hours were spent on: a run's training from its start (or a retry of it),
+# the continuation of a run past a time limit in a new allocation (from the run's checkpoint), or
+# an evaluation of the run's exported policy after training (ggpo_batch/evaluations.py).
 ATTEMPT_KIND_TRAINING = "training"
 ATTEMPT_KIND_CONTINUATION = "continuation"
-ATTEMPT_KINDS = (ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION)
+ATTEMPT_KIND_EVALUATION = "evaluation"
+ATTEMPT_KINDS = (ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION, ATTEMPT_KIND_EVALUATION)
+# The kinds that train the run: what the report's training figures (cost, retries) count.
+TRAINING_ATTEMPT_KINDS = frozenset({ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION})
+
+# An evaluation after training (one per succeeded run and outcome-set name): queued -> submitted ->
+# running -> succeeded | failed | timeout | cancelled | lost, its run staying succeeded. Never
+# retried but by hand (`retry RUN_KEY --evaluation NAME`): a failed one goes back to queued then.
+EVALUATION_STATES = ("queued", "submitted", "running", "succeeded", "failed", "timeout", "cancelled", "lost")
+UNFINISHED_EVALUATION_STATES = frozenset({"queued", "submitted", "running"})
+RETRYABLE_EVALUATION_STATES = ("failed", "timeout", "lost", "cancelled")
+EVALUATION_MOVES: Mapping[str | None, frozenset[str]] = {
+    None: frozenset({"queued", "failed"}),  # failed: its data file was gone when settlement queued it
+    "queued": frozenset({"submitted", "cancelled", "lost", "failed"}),
+    "submitted": frozenset({"running", "succeeded", "failed", "timeout", "cancelled", "lost"}),
+    "running": frozenset({"succeeded", "failed", "timeout", "cancelled", "lost"}),
+    **{s: frozenset({"queued"}) for s in RETRYABLE_EVALUATION_STATES},
+    "succeeded": frozenset(),
+}
 
 # The scheduler's vocabulary (Slurm's names; local and debug executors map onto it).
 SCHEDULER_FINAL = frozenset({"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -82,3 +101,8 @@ def attempt_state_of(scheduler_state: str) -> str:
 def can_move(src: str | None, dst: str) -> bool:
     """Is a run allowed to go from `src` (None: a new run) to `dst`?"""
     return dst in RUN_MOVES[src]
+
+
+def evaluation_can_move(src: str | None, dst: str) -> bool:
+    """Is an evaluation allowed to go from `src` (None: a new one) to `dst`?"""
+    return dst in EVALUATION_MOVES[src]

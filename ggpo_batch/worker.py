@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,14 +69,26 @@ _process: _WorkerProcess | None = None  # set by run_worker before it takes any 
 
 def execute_run(run_key: str) -> dict[str, Any]:
     """RQ job: submit one attempt of a queued run. Settings come from the worker's environment."""
+    return _in_this_worker(submit_run, run_key)
+
+
+def execute_evaluation(key: str) -> dict[str, Any]:
+    """RQ job: submit one attempt of a queued evaluation after training (evaluation_jobs.py)."""
+    from .evaluation_jobs import submit_evaluation
+
+    return _in_this_worker(submit_evaluation, key)
+
+
+def _in_this_worker(submit: Callable[..., dict[str, Any]], key: str) -> dict[str, Any]:
+    """`submit(ledger, settings, key, worker=...)` with the worker's own ledger and settings."""
     ctx = _process
     if ctx is not None:
-        return submit_run(ctx.ledger, ctx.settings, run_key, worker=_worker_name())
+        return submit(ctx.ledger, ctx.settings, key, worker=_worker_name())
     # inline (memory://) or another RQ worker: open what the job needs, for this job
     settings = load_settings()
     ledger = connect(settings.db_url)
     try:
-        return submit_run(ledger, as_identified(settings, ledger), run_key, worker=_worker_name())
+        return submit(ledger, as_identified(settings, ledger), key, worker=_worker_name())
     finally:
         ledger.engine.dispose()
 
@@ -93,7 +105,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         spec = RunSpec.from_dict(run_spec)
         queue_name = settings.queue_for(experiment_queue)
         quota = (queue_name, settings.queue_gpu_quota) if settings.queue_gpu_quota and not inline else None
-        chosen.update(spec=spec, queue=queue_name)
+        chosen.update(spec=spec, queue=queue_name, run_spec=run_spec)
         return AttemptPlan(spec.executor, spec.allocated_gpus, quota, user_quota)
 
     try:
@@ -145,7 +157,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
     try:
         if ended:
             end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
-                             job_id=job_id, settings=settings)
+                             job_id=job_id, settings=settings, run_spec=chosen["run_spec"], queue=chosen["queue"])
         else:
             ledger.mark_submitted(run_key, att.number, job_id=job_id, actor=settings.user)
     except LedgerError as exc:  # settled (lost) between the fence and sbatch: give the allocation back
@@ -154,7 +166,7 @@ def submit_run(ledger: Ledger, settings: Settings, run_key: str, *, worker: str)
         return {"run_key": run_key, "cancelled_unbooked": job_id, "reason": exc.message}
     if inline and not ended:
         end = settle_own(ledger, run_key, att.number, executor.wait_final(job_id), folder, actor=settings.user,
-                         settings=settings)
+                         settings=settings, run_spec=chosen["run_spec"], queue=chosen["queue"])
     if end is not None and end.continues and not inline:
         # Its next attempt, as reconcile queues a continuation; under its own job id (this job's is
         # still executing), as a deferral does.
@@ -334,4 +346,5 @@ def as_identified(settings: Settings, ledger: Ledger) -> Settings:
 
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
     ledger = _process.ledger if _process is not None else connect(settings.db_url)
-    return ledger.count_queued(queues, default_queue=settings.queue) > 0
+    return (ledger.count_queued(queues, default_queue=settings.queue)
+            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)) > 0

@@ -14,6 +14,7 @@ from ggpo_batch.errors import LedgerError
 from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
+from ggpo_batch.schemas import SCHEMAS
 from tests.support.paths import SEED_000
 
 
@@ -52,7 +53,7 @@ def test_csv_attempts_and_json_both_tables(ledger) -> None:  # type: ignore[no-u
     buf = io.StringIO()
     assert export_ledger(ledger, buf, fmt="json") == 30
     data = json.loads(buf.getvalue())
-    assert data["schema"] == 1 and len(data["runs"]) == 15 and len(data["attempts"]) == 15
+    assert data["schema"] == SCHEMAS["ledger_export"].number and len(data["runs"]) == 15 and len(data["attempts"]) == 15
     assert set(data["runs"][0]) == set(RUN_COLUMNS) and set(data["attempts"][0]) == set(ATTEMPT_COLUMNS)
     assert math.fsum(a["gpu_hours_booked"] for a in data["attempts"]) == pytest.approx(57.29736219114727, rel=1e-12)
     only = io.StringIO()

@@ -23,8 +23,11 @@ from click.testing import CliRunner
 
 from ggpo_batch import schemas
 from ggpo_batch.cli import cli
+from ggpo_batch.evaluation_spec import evaluation_key
 from ggpo_batch.heartbeat import Heartbeat
+from ggpo_batch.ledger.attempts import AttemptPlan
 from tests.dashboard.server import Dashboard, cli_env, get
+from tests.support.evaluations import items_file, succeeded_experiment, training_files
 from tests.support.paths import DATA, REPO, SEED_000, SEED_003
 
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
@@ -94,7 +97,25 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     led.finish_component_run(night.id, state="succeeded", record=json.loads(SEED_003.read_text()), seconds=12.0,
                              commit="abc", dirty=False)
     led.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-02", actor="t")
+    # evaluations after training: one run evaluated (outcome booked), one whose evaluation is
+    # cancelled, one left out (no trained item ids)
+    jobs = Path(env["GGPO_DATA_DIR"]) / "jobs"
+    evaluated = succeeded_experiment(led, jobs, "evaluated", seeds=(1, 2, 3))
+    training_files(jobs, evaluated[2], trained=None)
     led.engine.dispose()
+    add("evaluate", _cli("evaluate", "evaluated", "--data", str(items_file(tmp_path / "eval2.jsonl", ["a", "b"])),
+                         "--name", "eval2", "--json"))
+    led = connect(env["GGPO_DB_URL"])
+    done = evaluation_key(evaluated[0], "eval2")
+    _ev, att = led.begin_evaluation(done, actor="t", worker="w", plan=lambda spec, q: AttemptPlan("local", 1))
+    led.finish_evaluation(done, att.number, attempt_state="succeeded", evaluation_state="succeeded", actor="t",
+                          job_id="e1", gpu_hours_job=0.001,
+                          outcome={"eval_reward": 0.5, "exposed_reward": 1.0, "unexposed_reward": 0.0, "items": 2,
+                                   "exposed_items": 1, "decoding": "greedy", "temperature": 0.0, "samples": 1,
+                                   "item_rewards": {"a": 1.0, "b": 0.0}, "exposed_item_ids": ["a"]})
+    led.engine.dispose()
+    add("cancel", _cli("cancel", evaluated[1], "--evaluation", "eval2", "--json"))
+    add("report", _cli("report", "evaluated", "--outcomes", "eval2", "--json"))
     add("cancel", _cli("cancel", cancelled, "--json"))
     add("logs", _cli("logs", running, "--json"))
     add("nightly", _cli("nightly", "--night", "2026-12-02", "--json"))  # claimed already: nothing run
@@ -118,7 +139,9 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
                             ("dashboard_experiment", "/api/experiments/done-exp"),
                             ("dashboard_experiment", "/api/experiments/queued-exp"),
                             ("dashboard_run", f"/api/runs/{running}"), ("dashboard_run", f"/api/runs/{failed}"),
-                            ("costs", "/api/costs?by=month&since=2026-01-01")):
+                            ("costs", "/api/costs?by=month&since=2026-01-01"),
+                            ("dashboard_run", f"/api/runs/{evaluated[0]}"),
+                            ("dashboard_experiment", "/api/experiments/evaluated")):
             code, body = get(dash.url + route)
             assert code == 200, (route, body)
             add(kind, body)

@@ -60,7 +60,7 @@ WRITERS = [
     ["decide", "other", "--not-reproduced", "--reason", "costly", "--cost-basis", "a paper"],
     ["reconcile"], ["db", "upgrade"], ["db", "downgrade", "base", "--yes"],
     ["ledger", "import", str(SEED_000), "--name", "again"], ["nightly", "--seeds", "42"],
-    ["gc", "--older-than", "0d"],
+    ["gc", "--older-than", "0d"], ["evaluate", "done-exp", "--data", "eval2.jsonl", "--name", "eval2"],
 ]
 
 

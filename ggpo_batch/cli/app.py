@@ -111,6 +111,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "logs": ("logs_cmds",),
     "nightly": ("nightly_cmds",),
     "notifications": ("notify_cmds",),
+    "evaluate": ("evaluate_cmds",),
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
     "reconcile": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
@@ -311,6 +312,7 @@ def cli(ctx: click.Context, verbose: int) -> None:
       ggpo-batch enqueue jobs/exposure-5arm.toml expand arms x seeds, queue them
       ggpo-batch worker                          take runs, allocate, train
       ggpo-batch status                          what ran, what it cost, why
+      ggpo-batch evaluate NAME --data F --name S score the trained policies on F again
     \b
     Configuration (environment): GGPO_DB_URL (default: SQLite in the user data dir),
     GGPO_REDIS_URL (default redis://127.0.0.1:6379/0; memory:// runs jobs inline),

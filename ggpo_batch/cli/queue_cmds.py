@@ -7,6 +7,7 @@ import click
 from .. import progress
 from ..priorities import PRIORITIES
 from .app import (
+    ARM_VALUE,
     FINITE_VALUE,
     NAME_VALUE,
     RUN_KEY_VALUE,
@@ -172,11 +173,20 @@ def worker(app: App, queues: tuple[str, ...], burst: bool, name: str | None, rec
 @click.argument("run_key", required=False, callback=RUN_KEY_VALUE)
 @click.option("--experiment", "-e", callback=NAME_VALUE,
               help="Cancel every unfinished run of this experiment (all versions).")
+@click.option("--evaluation", "outcome_set", callback=ARM_VALUE,
+              help="Cancel the evaluation after training of this outcome set (`evaluate --name`) instead: of "
+                   "RUN_KEY, or of every run of --experiment.")
 @click.option("--reason", callback=TEXT_VALUE, help="Why (recorded).")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @pass_app
-def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | None, as_json: bool) -> None:
-    """Cancel RUN_KEY, or every unfinished run of --experiment: queued jobs removed, allocations scancelled."""
+def cancel(app: App, run_key: str | None, experiment: str | None, outcome_set: str | None, reason: str | None,
+           as_json: bool) -> None:
+    """Cancel RUN_KEY, or every unfinished run of --experiment: queued jobs removed, allocations scancelled.
+    With --evaluation NAME, their unfinished evaluations of that outcome set (the runs stay as they are).
+
+    \b
+    --json: {"cancelled": [{"run_key", "was", "removed_jobs", "cancelled_job", "evaluation"}]}
+    ("evaluation": the outcome set, null for a run)."""
     from ..interventions import cancel_runs
 
     if run_key is None and experiment is None:
@@ -184,6 +194,25 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
     if run_key is not None and experiment is not None:
         raise click.UsageError("give a RUN_KEY or --experiment, not both")
     led = app.ledger()
+    if outcome_set is not None:
+        from ..evaluations import cancel_evaluations, evaluation_keys
+
+        if experiment and not led.experiments(experiment):
+            raise click.BadParameter(f"no experiment {experiment!r}", param_hint="--experiment")
+        stopped = cancel_evaluations(led, app.settings, evaluation_keys(led, run_key=run_key, experiment=experiment,
+                                                                         name=outcome_set),
+                                     actor=app.settings.user, reason=reason)
+        if as_json:
+            echo_json("cancel", {"cancelled": [{"run_key": c.run_key, "was": c.was, "removed_jobs": c.removed_jobs,
+                                                "cancelled_job": c.cancelled_job, "evaluation": c.evaluation}
+                                               for c in stopped]})
+            return
+        for c in stopped:
+            click.echo(f"cancelled evaluation {c.evaluation} of {c.run_key} (was {c.was}"
+                       + (f", job {c.cancelled_job}" if c.cancelled_job else "") + ")")
+        if not stopped:
+            click.echo("nothing to cancel")
+        return
     if experiment:
         exps = led.experiments(experiment)
         if not exps:
@@ -194,7 +223,7 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
         keys = [led.get_run(run_key).run_key]  # type: ignore[arg-type]
     done = cancel_runs(led, app.settings, keys, actor=app.actor, reason=reason)
     if as_json:
-        echo_json("cancel", {"cancelled": [c.__dict__ for c in done]})
+        echo_json("cancel", {"cancelled": [{**c.__dict__, "evaluation": None} for c in done]})
         return
     for c in done:
         click.echo(f"cancelled {c.run_key} (was {c.was}" + (f", job {c.cancelled_job}" if c.cancelled_job else "") + ")")
@@ -206,10 +235,23 @@ def cancel(app: App, run_key: str | None, experiment: str | None, reason: str | 
 @click.argument("run_key", callback=RUN_KEY_VALUE)
 @click.option("--reason", required=True, callback=TEXT_VALUE,
               help="Why this run is tried again (recorded with your user name).")
+@click.option("--evaluation", "outcome_set", callback=ARM_VALUE,
+              help="Retry the run's evaluation after training of this outcome set instead (one that failed, "
+                   "timed out, was lost or cancelled).")
 @pass_app
-def retry(app: App, run_key: str, reason: str) -> None:
-    """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors."""
+def retry(app: App, run_key: str, reason: str, outcome_set: str | None) -> None:
+    """Queue a new attempt of an ended run, by hand. Retries are never automatic for training errors,
+    nor for evaluations after training (--evaluation NAME)."""
     from ..interventions import retry_run
+
+    if outcome_set is not None:
+        from ..evaluation_spec import evaluation_key
+        from ..evaluations import retry_evaluation
+
+        ev = retry_evaluation(app.ledger(), app.settings, evaluation_key(run_key, outcome_set),
+                              actor=app.actor, reason=reason)
+        click.echo(f"{run_key}: evaluation {ev.name} queued again")
+        return
 
     n = retry_run(app.ledger(), app.settings, run_key, actor=app.actor, reason=reason)
     click.echo(f"{run_key}: queued for attempt {n}")

@@ -59,6 +59,9 @@ def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="Experiment version (default: the latest); or write NAME@VERSION.")
 @click.option("--baseline", default="clean", show_default=True, callback=ARM_VALUE,
               help="Arm the others are compared with, by seed.")
+@click.option("--outcomes", "outcome_set", callback=ARM_VALUE,
+              help="The outcome set the outcome figures come from: an evaluation after training (`evaluate "
+                   "--name`); default: the training allocation's own evaluation (`training`).")
 @click.option("--json", "as_json", is_flag=True, help="The same content as JSON (= --format json).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "md", "html"]), default=None,
               help="text (terminal tables, the default), json, or one self-contained Markdown / HTML file with "
@@ -69,13 +72,14 @@ def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="Also write PNG plots into this folder: GPU-hours and steps per arm; outcome per arm and the "
                    "paired differences (forest plot) where runs have outcomes.")
 @pass_reader
-def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str, as_json: bool,
-           fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
+def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str,
+           outcome_set: str | None, as_json: bool, fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
     """What an experiment found and what it cost. Per arm: the evaluation outcome (reward on all,
     exposed and unexposed held-out items) with 95 % intervals, and per GPU-hour; arm - baseline
     paired by seed on the same items, with intervals; steps, loop time, GPU-hours, overshoot,
     tokens and exposure. Comparability warnings come first. Two experiments (or NAME@1 NAME@2):
-    side by side."""
+    side by side. --outcomes NAME: the outcome figures of an evaluation after training (`evaluate`),
+    with the same intervals and pairing; an item a run trained on counts as exposed in any set."""
     from ..reporting.compare import compare_reports
     from ..reporting.report import experiment_report
 
@@ -85,8 +89,8 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
     if version is not None and len(experiments) == 2:
         raise click.UsageError("--version is for one experiment; compare versions as NAME@1 NAME@2")
     led = app.ledger()
-    reps = [experiment_report(led, name, version=v if v is not None else version, baseline=baseline)
-            for name, v in experiments]
+    reps = [experiment_report(led, name, version=v if v is not None else version, baseline=baseline,
+                              outcomes=outcome_set) for name, v in experiments]
     cmp = compare_reports(reps[0], reps[1]) if len(reps) == 2 else None
     from ..masking import scrub
 

@@ -137,12 +137,22 @@ def run_view(ledger: Ledger, settings: Settings, run_key: str) -> dict[str, Any]
     from ..reporting.status import run_row
 
     run = ledger.get_run(run_key)
-    row = with_labels([run_row(run, hung_after=settings.hung_after_seconds)])[0]
+    evaluations = ledger.evaluations(run_ids=[run.id])
+    row = with_labels([run_row(run, hung_after=settings.hung_after_seconds,
+                               evaluations={run.id: [(e.name, e.state) for e in evaluations]})])[0]
     events = [{"at": e.at, "entity": e.entity, "from_state": e.from_state, "to_state": e.to_state,
                "actor": e.actor, "reason": e.reason} for e in ledger.events(run_key=run_key)]
     return {"run": row, "experiment": run.experiment.name, "version": run.experiment.version,
             "queue": settings.queue_for(run.experiment.queue),
-            "attempts": [_attempt_row(settings, run, a) for a in run.attempts], "events": events}
+            "attempts": [_attempt_row(settings, run, a) for a in run.attempts], "events": events,
+            "evaluations": [_evaluation_row(run, e) for e in evaluations]}
+
+
+def _evaluation_row(run: Any, e: Any) -> dict[str, Any]:
+    """An evaluation after training on the run page: its set, state, data and its attempts' numbers."""
+    return {"key": e.key, "name": e.name, "state": e.state, "source": e.source, "gpus": e.gpus, "cause": e.cause,
+            "data": e.spec.get("data_path"), "items": e.spec.get("items"),
+            "attempts": [a.number for a in run.attempts if a.evaluation_id == e.id]}
 
 
 def nightly_view(ledger: Ledger, *, nights: int = NIGHTS, threshold: float = THRESHOLD) -> dict[str, Any]:

@@ -10,10 +10,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..accounting import gpu_hours
 from ..priorities import DEFAULT_PRIORITY
 from ..runspec import RunSpec
+
+if TYPE_CHECKING:
+    from ..evaluation_spec import EvaluationSpec
 from ..states import SCHEDULER_FINAL
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
@@ -72,9 +76,10 @@ class Executor(abc.ABC):
     name: str
 
     @abc.abstractmethod
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True,
                priority: str = DEFAULT_PRIORITY) -> str:
-        """Start the attempt; return the scheduler's job id. Must not submit twice for one (run, attempt):
+        """Start the attempt (of a run, or of an evaluation after training); return the scheduler's job id.
+        Must not submit twice for one (run, attempt):
         with `lookup` it first looks for one; `lookup=False` is for a caller that has just created the
         attempt (no job can exist for it yet), so the scheduler is not queried once per submission.
         `priority` (the run's, priorities.py): a scheduler that has priorities maps it onto its own."""

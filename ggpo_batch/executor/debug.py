@@ -22,6 +22,7 @@ import submitit  # here, not in the call: a worker forks each call, which would 
 from ..allocation import STATE_OF_EXIT_CODE, record_path
 from ..errors import ExecutorError
 from ..priorities import DEFAULT_PRIORITY
+from ..evaluation_spec import EvaluationSpec
 from ..runspec import RunSpec
 from . import forked
 from .base import Executor, JobInfo
@@ -37,7 +38,7 @@ class DebugExecutor(Executor):
     def __init__(self) -> None:
         self._done: dict[str, JobInfo] = {}
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True,
                priority: str = DEFAULT_PRIORITY) -> str:
         folder.mkdir(parents=True, exist_ok=True)
         job_id = f"debug-{int(time.time())}-{next(_ids)}"

@@ -17,6 +17,7 @@ import submitit
 
 from ..allocation import alloc_start_export, record_path
 from ..errors import ExecutorError
+from ..evaluation_spec import EvaluationSpec
 from ..netutil import free_port
 from ..priorities import DEFAULT_PRIORITY
 from ..runspec import RunSpec
@@ -61,7 +62,7 @@ class LocalExecutor(Executor):
     def _marker(self, folder: Path) -> Path:
         return folder / "job_id"
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True,
                priority: str = DEFAULT_PRIORITY) -> str:
         existing = self.find(spec, attempt, folder)
         if existing is not None:
@@ -79,13 +80,15 @@ class LocalExecutor(Executor):
         tmp.replace(self._marker(folder))
         return job_id
 
-    def _start(self, spec: RunSpec, folder: Path) -> tuple[str, object]:
+    def _start(self, spec: RunSpec | EvaluationSpec, folder: Path) -> tuple[str, object]:
         """Start submitit's controller for the run: (its job id, the submitit LocalJob)."""
         ex = submitit.LocalExecutor(folder=folder)
         # The controller's shell exports the start time, so the job's clock starts with the "allocation".
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
         # collided (EADDRINUSE) with a port still held on this machine.
-        ex.update_parameters(tasks_per_node=self.tasks, timeout_min=self.timeout_min, gpus_per_node=0,
+        # An evaluation after training runs one rank per GPU it asked for (CPU ranks here).
+        tasks = spec.gpus if isinstance(spec, EvaluationSpec) else self.tasks
+        ex.update_parameters(tasks_per_node=tasks, timeout_min=self.timeout_min, gpus_per_node=0,
                              setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}"])
         job = ex.submit(make_payload(spec, record_path(folder)))
         return str(job.job_id), job

@@ -10,14 +10,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..allocation import checkpoint_folder
+from ..allocation import checkpoint_folder, evaluation_record_path
 from ..errors import ExecutorError
+from ..evaluation_spec import EvaluationSpec
 from ..runspec import RunSpec
 
 
-def make_payload(spec: RunSpec, output: Path) -> Callable[[], Any]:
+def make_payload(spec: RunSpec | EvaluationSpec, output: Path) -> Callable[[], Any]:
     """The callable that trains `spec` inside an allocation and writes its record to `output` (in the
-    attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it."""
+    attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it.
+    An evaluation after training writes its evaluation record in the same folder instead."""
+    if isinstance(spec, EvaluationSpec):
+        from ..train.eval_job import (
+            EvaluationJob,  # imported late: torch is only needed on the allocation
+        )
+
+        return EvaluationJob(spec.to_json(), str(evaluation_record_path(Path(output).parent)))
     if spec.method == "ggpo":
         from ..train.job import (
             TrainingJob,  # imported late: torch is only needed on the allocation

@@ -46,6 +46,7 @@ from ..allocation import (
 )
 from ..errors import ExecutorError, GgpoError
 from ..priorities import DEFAULT_PRIORITY
+from ..evaluation_spec import EvaluationSpec, evaluation_ranks
 from ..runspec import RunSpec
 from .base import Executor, JobAccount, JobInfo, job_name
 from .pacing import Bucket, Unpaced, make_bucket
@@ -217,13 +218,19 @@ class SlurmExecutor(Executor):
             log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
         return min(ids, key=_id_key) if ids else None
 
-    def submit(self, spec: RunSpec, attempt: int, folder: Path, *, lookup: bool = True,
+    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True,
                priority: str = DEFAULT_PRIORITY) -> str:
         name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
         existing = self.find_by(name, comment) if lookup else None
         if existing is not None:
             log.info("run %s attempt %d already submitted as Slurm job %s", spec.run_key, attempt, existing)
             return existing
+        from .payload import make_payload
+
+        if isinstance(spec, EvaluationSpec):  # its own allocation: `gpus` GPUs of one node
+            payload = make_payload(spec, record_path(Path(folder)))
+            return self.submit_callable(payload, name, comment, folder=Path(folder), requeues=0,
+                                        **evaluation_allocation(self.profile, spec.gpus))
         if spec.gpus != self.profile.gpus_per_node:
             raise ExecutorError(
                 f"run {spec.run_key} asks for {spec.gpus} GPUs, profile {self.profile.name} gives {self.profile.gpus_per_node}"
@@ -232,9 +239,6 @@ class SlurmExecutor(Executor):
             raise ExecutorError(
                 f"run {spec.run_key} asks for {spec.nodes} nodes, profile {self.profile.name} gives {self.profile.nodes}"
             )
-        # late: the payload pulls in the method's job class
-        from .payload import make_payload
-
         folder = Path(folder)
         payload = make_payload(spec, record_path(folder))
         return self.submit_callable(payload, name, comment, folder=folder, requeues=spec.retries,
@@ -327,6 +331,16 @@ class SlurmExecutor(Executor):
             raise ExecutorError(f"{job_id!r} is not a Slurm job id")
         self.runner(["scancel", str(job_id)])
         log.info("cancelled Slurm job %s", job_id)
+
+
+def evaluation_allocation(profile: SlurmProfile, gpus: int) -> dict[str, Any]:
+    """submitit parameters of an evaluation after training on `gpus` GPUs of one node of `profile`,
+    with the profile's ranks per GPU (evaluation_spec.evaluation_ranks)."""
+    if gpus > profile.gpus_per_node:
+        raise ExecutorError(f"an evaluation on {gpus} GPUs does not fit a node of profile {profile.name} "
+                            f"({profile.gpus_per_node} GPUs)")
+    ranks = evaluation_ranks(gpus, gpus_per_node=profile.gpus_per_node, tasks_per_node=profile.tasks_per_node)
+    return {"nodes": 1, "gpus_per_node": gpus, "ntasks_per_node": ranks}
 
 
 def _own_exit_states(account: JobAccount) -> JobAccount:

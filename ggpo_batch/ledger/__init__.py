@@ -39,13 +39,14 @@ def _ledger_class() -> type:
     from .attempts import AttemptTransitions
     from .component_runs import ComponentRecords
     from .costs import CostRecords
+    from .evaluation_rows import EvaluationRecords
     from .heartbeats import HeartbeatRecords
     from .notifications import NotificationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords,
-                 NotificationRecords):
+                 NotificationRecords, EvaluationRecords):
         """The ledger on one database. Cheap to create; holds only an engine.
 
         Every public method is one transaction and is retried while the database is unreachable,
@@ -77,10 +78,11 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
     from .attempts import AttemptTransitions
     from .component_runs import ComponentRecords
     from .costs import CostRecords
+    from .evaluation_rows import EvaluationRecords
     from .heartbeats import HeartbeatRecords
     from .notifications import NotificationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
-                 HeartbeatRecords, NotificationRecords): ...
+                 HeartbeatRecords, NotificationRecords, EvaluationRecords): ...

@@ -3,7 +3,7 @@ GPU quota checked in the same transaction."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -31,6 +31,7 @@ from ..states import (
 )
 from .core import LedgerCore, missing_run
 from .events import RowEvents
+from .new_evaluations import write_new_evaluations
 from .schema import (
     Attempt,
     Experiment,
@@ -130,6 +131,18 @@ class Submission(NamedTuple):
     attempt: Attempt | None
     priority: str = DEFAULT_PRIORITY
     owner: str | None = None
+
+
+def end_attempt(att: Attempt, state: str, reason: str | None, *, started_at: datetime | None,
+                ended_at: datetime | None, **figures: Any) -> None:
+    """Apply an attempt's end: its final state and reason, its times (the scheduler's, else now) and
+    the accounting figures given (elapsed, both GPU-hour figures, scheduler state, exit code)."""
+    att.state, att.reason = state, reason
+    att.started_at = started_at or att.started_at
+    att.ended_at = ended_at or utcnow()
+    for name, value in figures.items():
+        if value is not None:
+            setattr(att, name, value)
 
 
 class AttemptTransitions(LedgerCore):
@@ -261,15 +274,16 @@ class AttemptTransitions(LedgerCore):
         return run, att
 
     def _write_rows(self, conn: Connection, run: Run, att: Attempt, events: RowEvents,
-                    run_values: Mapping[str, Any] | None = None) -> None:
+                    run_values: Mapping[str, Any] | None = None, evaluations: Sequence[Any] = ()) -> None:
         """Store what a row-level transition changed, and end its transaction: the attempt's
-        transition columns, the run's state columns (with `run_values`, e.g. its result), and the
-        events, sent with the commit."""
+        transition columns, the run's state columns (with `run_values`, e.g. its result), the
+        `evaluations` its success queues (ledger/evaluation_rows.py), and the events, sent with the commit."""
         with self.commit_after(conn) as update_row:
             update_row(_ATT, att.id, {c: getattr(att, c) for c in _ATT_WRITE},
                        f"attempt {att.number} of run {run.run_key}")
             update_row(_RUN, run.id, {**{c: getattr(run, c) for c in _RUN_WRITE}, **(run_values or {})},
                        f"run {run.run_key}")
+            write_new_evaluations(conn, [(run, e) for e in evaluations], events, actor=events.actor)
             events.write(conn)
 
     @staticmethod
@@ -365,15 +379,16 @@ class AttemptTransitions(LedgerCore):
                       gpu_hours_job: float | None = None, gpu_hours_scheduler: float | None = None,
                       scheduler_state: str | None = None, exit_code: str | None = None,
                       result: Mapping[str, Any] | None = None,
-                      outcome: Mapping[str, Any] | None = None) -> Attempt:
+                      outcome: Mapping[str, Any] | None = None, evaluations: Sequence[Any] = ()) -> Attempt:
         """End an attempt with its accounting; move the run to `run_state` (None: leave it, e.g. a retry follows).
-        `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`."""
+        `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`;
+        `evaluations` (NewEvaluation rows) are added if the run succeeds, in the same transaction."""
         if attempt_state not in ATTEMPT_FINAL:
             raise LedgerError(f"{attempt_state!r} is not a final attempt state")
         fields = {"attempt_state": attempt_state, "run_state": run_state, "reason": reason, "started_at": started_at,
                   "ended_at": ended_at, "elapsed_seconds": elapsed_seconds, "gpu_hours_job": gpu_hours_job,
                   "gpu_hours_scheduler": gpu_hours_scheduler, "scheduler_state": scheduler_state,
-                  "exit_code": exit_code, "result": result, "outcome": outcome}
+                  "exit_code": exit_code, "result": result, "outcome": outcome, "evaluations": evaluations}
         return self.settle_attempt(run_key, number, lambda _run, _att: fields, actor=actor)[1]
 
     def settle_attempt(self, run_key: str, number: int, conclude: Callable[[Run, Attempt], Mapping[str, Any]], *,
@@ -391,10 +406,13 @@ class AttemptTransitions(LedgerCore):
             if job_id is not None:
                 self._submitted(run, att, job_id=job_id, events=events)
             fields = dict(conclude(run, att))
+            evaluations = fields.pop("evaluations", None) or ()
             if fields["attempt_state"] not in ATTEMPT_FINAL:
                 raise LedgerError(f"{fields['attempt_state']!r} is not a final attempt state")
+            was = run.state
             run_values = self._finish(run, att, events=events, **fields)
-            self._write_rows(conn, run, att, events, run_values)
+            queued = evaluations if run.state == "succeeded" and was != "succeeded" else ()  # by its success
+            self._write_rows(conn, run, att, events, run_values, queued)
             return run, att
 
     @staticmethod
@@ -409,15 +427,9 @@ class AttemptTransitions(LedgerCore):
             raise LedgerError(f"run {run.run_key} attempt {att.number} already ended as {att.state}")
         events.add(entity="attempt", from_state=att.state, to_state=attempt_state, reason=reason, run=run,
                    attempt_id=att.id)
-        att.state = attempt_state
-        att.reason = reason
-        att.started_at = started_at or att.started_at
-        att.ended_at = ended_at or utcnow()
-        for name, value in (("elapsed_seconds", elapsed_seconds), ("gpu_hours_job", gpu_hours_job),
-                            ("gpu_hours_scheduler", gpu_hours_scheduler), ("scheduler_state", scheduler_state),
-                            ("exit_code", exit_code)):
-            if value is not None:
-                setattr(att, name, value)
+        end_attempt(att, attempt_state, reason, started_at=started_at, ended_at=ended_at,
+                    elapsed_seconds=elapsed_seconds, gpu_hours_job=gpu_hours_job,
+                    gpu_hours_scheduler=gpu_hours_scheduler, scheduler_state=scheduler_state, exit_code=exit_code)
         if run_state is not None and run_state != run.state:
             events.move(run, run_state, reason, att.id)
             run.cause = reason if run_state != "succeeded" else None

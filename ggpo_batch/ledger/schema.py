@@ -29,6 +29,7 @@ from sqlalchemy.types import TypeDecorator
 
 from ..limits import (
     ARM_NAME_MAX,
+    EVALUATION_KEY_MAX,
     NAME_COLUMN_LENGTH,
     NAME_MAX,
     RUN_KEY_MAX,
@@ -138,9 +139,11 @@ class Attempt(Base):
     run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
     number: Mapped[int] = mapped_column(Integer)
     executor: Mapped[str] = mapped_column(String(16))
-    # What its GPU-hours were spent on (states.ATTEMPT_KINDS): training, or the continuation of
-    # the run past a time limit (migration 0005; older attempts are training).
+    # What its GPU-hours were spent on (states.ATTEMPT_KINDS): training, the continuation of the
+    # run past a time limit (migration 0005; older attempts are training), or an evaluation after
+    # training, whose row `evaluation_id` names (migration 0009).
     kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
+    evaluation_id: Mapped[int | None] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"), index=True)
     job_id: Mapped[str | None] = mapped_column(String(64), index=True)
     state: Mapped[str] = mapped_column(String(16))
     scheduler_state: Mapped[str | None] = mapped_column(String(32))
@@ -169,6 +172,38 @@ class Attempt(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column()
 
     run: Mapped[Run] = relationship(back_populates="attempts")
+
+
+class Evaluation(Base):
+    """One evaluation of a succeeded run's exported policy on a data file, after training: its
+    outcome set `name` for that run (ggpo_batch/evaluations.py; migration 0009). Its attempts (kind
+    `evaluation`) carry its GPU-hours; the run stays succeeded."""
+
+    __tablename__ = "evaluations"
+    __table_args__ = (UniqueConstraint("run_id", "name", name="uq_evaluation_run_name"),
+                      Index("ix_evaluations_state", "state"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    # `<run key>-eval_<name>`: its RQ job id (limits.EVALUATION_KEY_INFIX)
+    key: Mapped[str] = mapped_column(String(EVALUATION_KEY_MAX), unique=True)
+    name: Mapped[str] = mapped_column(String(ARM_NAME_MAX))
+    state: Mapped[str] = mapped_column(String(16))  # states.EVALUATION_STATES
+    source: Mapped[str] = mapped_column(String(16))  # command (`evaluate`) | spec ([[evaluations]], at settlement)
+    # What the job is given (evaluation_spec.EvaluationSpec, plain JSON): data file and its sha256,
+    # GPUs, the policy and the training details it reads, the run's spec.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    gpus: Mapped[int] = mapped_column(Integer)
+    cause: Mapped[str | None] = mapped_column(Text)
+    # The outcome figures (ggpo_batch/outcome.py) of this set for this run, and the job's evaluation
+    # record without its per-item rows; deferred: the report's to read.
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+    created_by: Mapped[str] = mapped_column(String(USER_MAX))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[Run] = relationship(lazy="joined", innerjoin=True)
 
 
 class Event(Base):

@@ -33,7 +33,7 @@ RUN_COLUMNS: tuple[str, ...] = (
     "created_at", "updated_at",
 )
 ATTEMPT_COLUMNS: tuple[str, ...] = (
-    "experiment", "version", "run_key", "arm", "seed", "number", "executor", "job_id", "state", "scheduler_state",
+    "experiment", "version", "run_key", "arm", "seed", "number", "kind", "executor", "job_id", "state", "scheduler_state",
     "reason", "submitted_by", "worker", "gpus", "created_at", "submitted_at", "started_at", "ended_at",
     "elapsed_seconds", "gpu_hours_job", "gpu_hours_scheduler", "gpu_hours_booked", "accounting_disagreement",
     "exit_code",
@@ -71,7 +71,7 @@ def _attempt_rows(exp: Any, run: Any) -> Iterator[dict[str, Any]]:
     for a in run.attempts:
         yield {
             "experiment": exp.name, "version": exp.version, "run_key": run.run_key, "arm": run.arm,
-            "seed": run.seed, "number": a.number, "executor": a.executor, "job_id": a.job_id,
+            "seed": run.seed, "number": a.number, "kind": a.kind, "executor": a.executor, "job_id": a.job_id,
             "state": a.state, "scheduler_state": a.scheduler_state, "reason": a.reason,
             "submitted_by": a.submitted_by, "worker": a.worker, "gpus": a.gpus,
             "created_at": _iso(a.created_at), "submitted_at": _iso(a.submitted_at),

@@ -84,7 +84,7 @@ def report_tables(data: Mapping[str, Any]) -> list[Table]:
     out: list[Table] = []
     arms = data["arms"]
     if any(a.get("outcome_runs") for a in arms.values()):
-        t = Table(f"{heading(data)}: evaluation outcome per arm, mean [95 % interval] over runs",
+        t = Table(f"{heading(data)}: evaluation outcome per arm{outcome_set_label(data)}, mean [95 % interval] over runs",
                   ["arm", "runs", *(SHORT[m] for m in OUTCOME_METRICS), "reward / GPU-h", "items", "decoding"])
         for arm, a in arms.items():
             t.rows.append([arm, str(a["outcome_runs"]), *(ci(a["outcome"][m]) for m in OUTCOME_METRICS),
@@ -94,7 +94,8 @@ def report_tables(data: Mapping[str, Any]) -> list[Table]:
         out.append(t)
     paired = data.get("paired_vs_baseline") or {}
     if any(m in d for d in paired.values() for m in OUTCOME_METRICS):
-        t = Table(f"arm - {data['baseline']}, paired by seed on the same items: Δ reward, mean [95 % interval]",
+        t = Table(f"arm - {data['baseline']}, paired by seed on the same items{outcome_set_label(data)}: Δ reward, "
+                  f"mean [95 % interval]",
                   ["arm", "seeds", *(f"Δ {SHORT[m]}" for m in OUTCOME_METRICS)])
         for arm, d in paired.items():
             n = max((d[m]["n"] for m in OUTCOME_METRICS if m in d), default=0)
@@ -148,12 +149,20 @@ def compare_tables(c: Mapping[str, Any]) -> list[Table]:
     return out
 
 
+def outcome_set_label(data: Mapping[str, Any]) -> str:
+    """` (outcome set 'NAME')` for figures from an evaluation after training; empty for the training's own."""
+    name = data.get("outcome_set")
+    return f" (outcome set {name!r})" if name and name != "training" else ""
+
+
 def footer_lines(data: Mapping[str, Any]) -> list[str]:
     """Spend, audit failures, unreconciled budgets and decisions, as sentences."""
     tot = data["totals"]
     decided = tot["decided_not_spent_gpu_hours"]
-    lines = [(f"spent: {tot['spent_gpu_hours']:.4f} GPU-h in {tot['attempts']} attempts of {tot['runs']} runs; "
-              f"decided not spent: {'unknown' if decided is None else f'{decided:.4f}'} GPU-h "
+    evaluations = tot.get("evaluation_gpu_hours") or 0.0
+    lines = [(f"spent: {tot['spent_gpu_hours']:.4f} GPU-h in {tot['attempts']} attempts of {tot['runs']} runs"
+              + (f" (evaluations after training: {evaluations:.4f} of them)" if evaluations else "")
+              + f"; decided not spent: {'unknown' if decided is None else f'{decided:.4f}'} GPU-h "
               f"({tot['decided_runs']} runs not reproduced)")]
     if tot.get("audit_failed_runs"):
         bad = {arm: a["audit_failed"] for arm, a in data["arms"].items() if a.get("audit_failed")}

@@ -15,6 +15,12 @@ summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_
 reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
 what makes the arms not comparable (`fairness.comparability_warnings`); a report on a fair
 experiment has none. `compare.compare_reports` puts two reports side by side.
+
+Outcome sets: the figures come from the training allocation's own evaluation (`outcome_set`
+"training", `runs.outcome`), or with `outcomes=NAME` from an evaluation after training (the
+`evaluations` table, ggpo_batch/evaluations.py), summarised and paired the same way. An arm's
+training figures (cost, attempts, retries) count its training attempts only; the GPU-hours of
+evaluations after training are `totals.evaluation_gpu_hours`, within `spent_gpu_hours`.
 """
 
 from __future__ import annotations
@@ -29,16 +35,19 @@ from typing import Any
 from ..accounting import attempt_gpu_hours
 from ..costguard import KIND_NOT_REPRODUCED
 from ..errors import LedgerError
+from ..evaluation_spec import TRAINING_OUTCOME_SET
 from ..ledger import Ledger
 from ..ledger.schema import Run
 from ..outcome import OUTCOME_METRICS, matched_difference
 from ..run_record import audit_failed, budget_reconciled
+from ..states import ATTEMPT_KIND_EVALUATION, TRAINING_ATTEMPT_KINDS
 from . import stats
 from .fairness import comparability_warnings, notes
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
                  "shared_trajectories")
+EVALUATION_KINDS = frozenset({ATTEMPT_KIND_EVALUATION})
 # Per-seed metrics differenced against the baseline arm.
 PAIRED_METRICS = ("steps", "allocated_gpu_hours", "overshoot_fraction", "loop_seconds", "elapsed_seconds")
 
@@ -57,18 +66,24 @@ def _with_total(values: Sequence[float]) -> dict[str, Any]:
     return {**stat(values), "total": math.fsum(values)}
 
 
-def run_gpu_hours(run: Run) -> float | None:
-    """GPU-hours booked for a run: every attempt's figure (the scheduler's, else the job's own)."""
-    costs = [c for c in (attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler) for a in run.attempts)
-             if c is not None]
+def run_gpu_hours(run: Run, kinds: frozenset[str] = TRAINING_ATTEMPT_KINDS) -> float | None:
+    """GPU-hours booked for a run's training: every training attempt's figure (the scheduler's, else
+    the job's own); with `kinds`, those attempts' (evaluations after training: their own total)."""
+    costs = [c for c in (attempt_gpu_hours(a.gpu_hours_job, a.gpu_hours_scheduler) for a in run.attempts
+                         if a.kind in kinds) if c is not None]
     return math.fsum(costs) if costs else None
+
+
+def _training(run: Run) -> list[Any]:
+    """The run's attempts that trained it (not its evaluations after training)."""
+    return [a for a in run.attempts if a.kind in TRAINING_ATTEMPT_KINDS]
 
 
 def _resources(run: Run) -> tuple[str, str, int | None]:
     """What a run ran on, as far as the ledger knows it: (executor, profile, GPUs). The GPU model is
     not recorded anywhere (the profile may constrain it), so nothing here invents one."""
     spec = run.run_spec or {}
-    executors = sorted({a.executor for a in run.attempts}) or [str(spec.get("executor", "?"))]
+    executors = sorted({a.executor for a in _training(run)}) or [str(spec.get("executor", "?"))]
     return ",".join(executors), str(spec.get("profile", "?")), spec.get("gpus")
 
 
@@ -77,9 +92,9 @@ def _per_run(run: Run, outcome: Mapping[str, Any] | None = None) -> dict[str, An
     finished = run.result if run.state == "succeeded" and run.result else None
     spec = run.run_spec or {}
     out: dict[str, Any] = {"seed": run.seed, "state": run.state, "allocated_gpu_hours": run_gpu_hours(run),
-                           "attempts": len(run.attempts), "audit_failed": audit_failed(finished),
+                           "attempts": len(_training(run)), "audit_failed": audit_failed(finished),
                            "budget_reconciled": budget_reconciled(finished) if finished else None,
-                           "attempt_states": [a.state for a in run.attempts], "resources": _resources(run),
+                           "attempt_states": [a.state for a in _training(run)], "resources": _resources(run),
                            "budget_seconds": spec.get("loop_budget_seconds")}
     res = finished if finished and not out["audit_failed"] else None
     if res is None:
@@ -206,9 +221,24 @@ def _decided_not_spent(runs: Sequence[Run], decisions: Sequence[Any]) -> float |
     return 0.0
 
 
+def _outcomes(ledger: Ledger, exp: Any, name: str | None) -> tuple[str, list[str], dict[int, dict[str, Any]]]:
+    """(the outcome set read, every set the version has, run id -> outcome): `name` None or
+    "training" is the training allocation's own evaluation; another, an evaluation after training."""
+    sets = [TRAINING_OUTCOME_SET, *ledger.outcome_set_names(exp.id)] if exp is not None else [TRAINING_OUTCOME_SET]
+    name = name or TRAINING_OUTCOME_SET
+    if name not in sets:
+        raise LedgerError(f"{exp.name} v{exp.version} has no outcome set {name!r} (sets: {', '.join(sets)}; "
+                          f"`ggpo-batch evaluate` makes one)")
+    if exp is None:
+        return name, sets, {}
+    return name, sets, ledger.outcomes(exp.id) if name == TRAINING_OUTCOME_SET else ledger.outcome_set(exp.id, name)
+
+
 def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = None,
-                      baseline: str = "clean") -> dict[str, Any]:
-    """The report of one experiment version (default: the latest); decisions alone if it never ran."""
+                      baseline: str = "clean", outcomes: str | None = None) -> dict[str, Any]:
+    """The report of one experiment version (default: the latest); decisions alone if it never ran.
+    `outcomes`: the outcome set the outcome figures come from (default: the training allocation's own
+    evaluation; else an evaluation after training, `ggpo-batch evaluate --name`)."""
     versions = ledger.experiments(experiment)
     decisions = ledger.decisions(experiment)
     if not versions and not decisions:
@@ -222,13 +252,14 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
     elif version is not None:
         raise LedgerError(f"experiment {experiment!r} was decided, never put in the ledger: it has no versions")
     runs = ledger.runs(experiment_id=exp.id) if exp is not None else []
-    outcomes = ledger.outcomes(exp.id) if exp is not None else {}
-    rows = [_per_run(r, outcomes.get(r.id)) for r in runs]
+    outcome_set, outcome_sets, by_run = _outcomes(ledger, exp, outcomes)
+    rows = [_per_run(r, by_run.get(r.id)) for r in runs]
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run, row in zip(runs, rows):
         by_arm[run.arm].append(row)
     mine = [d for d in decisions if exp is None or d.experiment_id in (None, exp.id)]
     spent = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
+    evaluation_spent = math.fsum(h for r in runs if (h := run_gpu_hours(r, EVALUATION_KINDS)) is not None)
     estimates = [r.estimated_gpu_hours for r in runs if r.estimated_gpu_hours is not None]
     has_baseline = baseline in by_arm
     train = {json.dumps((r.run_spec or {}).get("train") or {}, sort_keys=True) for r in runs}
@@ -241,6 +272,8 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "baseline": baseline if baseline in by_arm else None,
         "requested_baseline": baseline,
         "train": json.loads(next(iter(train))) if len(train) == 1 else None,
+        "outcome_set": outcome_set,  # whose figures `outcome` shows ("training": the allocation's own)
+        "outcome_sets": outcome_sets,
         "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
         if runs else [],
         "notes": notes(by_arm),
@@ -251,7 +284,8 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
             "audit_failed_runs": sum(1 for r in rows if r["audit_failed"]),
             "budget_not_reconciled_runs": sum(1 for r in rows if r["budget_reconciled"] is False),
             "attempts": sum(r["attempts"] for r in rows),
-            "spent_gpu_hours": math.fsum(spent),
+            "spent_gpu_hours": math.fsum(spent) + evaluation_spent,
+            "evaluation_gpu_hours": evaluation_spent,  # of the evaluations after training (in spent too)
             "decided_not_spent_gpu_hours": _decided_not_spent(runs, mine),
             "decided_runs": sum(1 for r in runs if r.state == "not_reproduced"),
             "estimated_gpu_hours": math.fsum(estimates) if estimates else None,

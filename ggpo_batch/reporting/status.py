@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -31,10 +31,13 @@ def _attempt_cost(a: Attempt) -> float | None:
 
 
 def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float = HUNG_AFTER_SECONDS,
-            now: float | None = None) -> dict[str, Any]:
-    """One status row. GPU-hours sum every attempt, so the cost of a retry stays visible. The
-    last attempt's heartbeat (None before its first) and, for a running run, how long it has been
-    silent and whether that makes it hung (`heartbeat.is_hung`, `hung_after` seconds)."""
+            now: float | None = None, evaluations: Mapping[int, Sequence[tuple[str, str]]] | None = None,
+            ) -> dict[str, Any]:
+    """One status row. GPU-hours sum every attempt, so the cost of a retry stays visible (and that of
+    an evaluation after training, whose attempts count too). The last attempt's heartbeat (None
+    before its first) and, for a running run, how long it has been silent and whether that makes it
+    hung (`heartbeat.is_hung`, `hung_after` seconds). `evaluations`: run id -> its evaluations after
+    training (name, state), listed beside the run (`Ledger.evaluation_states`)."""
     atts = list(run.attempts)
     costs = [_attempt_cost(a) for a in atts]
     spent = [c for c in costs if c is not None]
@@ -64,6 +67,7 @@ def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float 
         "budget_status": result.get("budget", {}).get("status"),
         "audit_failed": audit_failed(run.result),
         "budget_reconciled": budget_reconciled(run.result) if run.result else None,
+        "evaluations": [{"name": n, "state": st} for n, st in (evaluations or {}).get(run.id, ())],
     }
     row.update(_liveness(run, last, hung_after, time.time() if now is None else now))
     if extra:
@@ -87,7 +91,10 @@ def state_label(row: dict[str, Any]) -> str:
     (`running  step 41  1830/2700 s`), or flagged when its heartbeat stopped; and, for a run that
     went on past its time limit, `continued after time limit (2 of 3)`."""
     label = _state_label(row)
-    return f"{label}, {row['continuation']}" if row.get("continuation") else label
+    label = f"{label}, {row['continuation']}" if row.get("continuation") else label
+    if row.get("evaluations"):
+        label += ", evaluation " + ", ".join(f"{e['name']} {e['state']}" for e in row["evaluations"])
+    return label
 
 
 def _state_label(row: dict[str, Any]) -> str:
@@ -177,6 +184,7 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
     for c in ledger.arm_totals([e.id for e in exps], states=wanted):
         cells_of[c.experiment_id].append(c)
     nodes_of = _nodes(ledger, [e.id for e in exps])
+    evaluations = ledger.evaluation_states([e.id for e in exps])  # one query for every experiment shown
     for exp in exps:
         cells = cells_of[exp.id]
         if wanted is not None and not cells:
@@ -212,7 +220,7 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
         }
         present = sorted({c.state for c in cells})  # no query for a state the experiment has no run in
         runs = ledger.status_runs(exp.id, states=present, attention=attention, limit=limit)
-        live = {"hung_after": hung_after, "now": now}
+        live = {"hung_after": hung_after, "now": now, "evaluations": evaluations}
         yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None, live=live)
 
 

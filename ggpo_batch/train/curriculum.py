@@ -68,3 +68,8 @@ class Curriculum:
         ordinary = [GroupSpec(((rng.choice(self.data.train), "train"),))
                     for _ in range(self.prompts_per_step - len(exposed))]
         return exposed + ordinary
+
+    def trained_items(self, steps: int) -> set[str]:
+        """Ids of every item the first `steps` steps trained on, on any rank (ordinary training items
+        and the arm's exposures): an item in it is "exposed" in any evaluation of the run."""
+        return {item.item_id for step in range(steps) for g in self.step_groups(step) for item, _ in g.parts}

@@ -10,7 +10,8 @@ An item counts as exposed when the run trained on it in an exposure group before
 on any rank -- not when it was planned. The result goes into the details file (key `evaluation`):
 the split means the record keeps, the decoding, and `per_item` rows (item id, exposed, reward, gold
 and the answers), from which settlement books the run's outcome in the ledger
-(`ggpo_batch/outcome.py`).
+(`ggpo_batch/outcome.py`). An evaluation after training (train/eval_job.py) runs the same
+`evaluate_items` on another data file, an item exposed when the run trained on it at all.
 
 Greedy through the rollout backends: both take a temperature, so greedy is asked for as
 GREEDY_TEMPERATURE (1e-6). vLLM treats a temperature below 1e-5 as greedy sampling; the torch sampler
@@ -27,6 +28,10 @@ from typing import TYPE_CHECKING, Any
 from ..outcome import GREEDY, SAMPLED
 
 if TYPE_CHECKING:
+    from .codec import Codec
+    from .config import TrainConfig
+    from .retrieval import Retriever
+    from .rollout import RolloutBackend
     from .task import Item
     from .trainer import Trainer
 
@@ -77,21 +82,21 @@ def summarize(rows: Iterable[Mapping[str, Any]], exposed: Iterable[str], *, plan
     }
 
 
-def _roll_out(trainer: Trainer, items: list[tuple[int, Item]], samples: int, temperature: float) -> list[dict[str, Any]]:
-    """This rank's rows: `samples` episodes per (place in the evaluation, item) through the trainer's
-    backend, retriever and episode code (the one place this module follows how the trainer rolls out);
-    an episode's sampling is seeded by its item's place and sample, whichever rank runs it."""
+def _roll_out(cfg: TrainConfig, codec: Codec, backend: RolloutBackend, retriever: Retriever,
+              items: list[tuple[int, Item]], samples: int, temperature: float, seed: int) -> list[dict[str, Any]]:
+    """This rank's rows: `samples` episodes per (place in the evaluation, item) through the policy's
+    backend, retriever and the training's episode code (the one place this module follows how the
+    trainer rolls out); an episode's sampling is seeded by the run's seed and its item's place and
+    sample, whichever rank runs it."""
     from .environment import EVAL_STEP, start
     from .rollouts import run_episodes
 
-    cfg = trainer.cfg
     # The policy's own prompt (the byte vocabulary, or a checkpoint's chat template) and protocol.
-    trajs = [start(it, EVAL_TEMPLATE, trainer.codec.prompt(EVAL_TEMPLATE, it), uid=place * samples + s)
+    trajs = [start(it, EVAL_TEMPLATE, codec.prompt(EVAL_TEMPLATE, it), uid=place * samples + s)
              for place, it in items for s in range(samples)]
-    run_episodes(trajs, trainer.backend, trainer.retriever, max_turns=cfg.max_turns,
-                 max_new_tokens=cfg.max_new_tokens, temperature=temperature, top_k=cfg.retrieval_top_k,
-                 passage_max_bytes=cfg.passage_max_bytes, seed=trainer.spec.seed, step=EVAL_STEP,
-                 codec=trainer.codec)
+    run_episodes(trajs, backend, retriever, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                 temperature=temperature, top_k=cfg.retrieval_top_k, passage_max_bytes=cfg.passage_max_bytes,
+                 seed=seed, step=EVAL_STEP, codec=codec)
     rows = []
     for i, (_, it) in enumerate(items):
         mine = trajs[i * samples:(i + 1) * samples]
@@ -100,25 +105,40 @@ def _roll_out(trainer: Trainer, items: list[tuple[int, Item]], samples: int, tem
     return rows
 
 
-def evaluate(trainer: Trainer) -> dict[str, Any]:
-    """The run's evaluation (module docstring); collective: every rank calls it, every rank returns
-    the whole run's."""
+def evaluate_items(cfg: TrainConfig, codec: Codec, backend: RolloutBackend, retriever: Retriever,
+                   items: Sequence[Item], exposed: Iterable[str], *, planned: int, rank: int, world: int,
+                   seed: int) -> dict[str, Any]:
+    """The evaluation of `items` by the policy behind `backend` (module docstring), decoded as the
+    run's `cfg` says, each item exposed when its id is in `exposed`; collective: every rank rolls
+    out its share and returns the whole evaluation. Used by the training job and by an evaluation
+    after training (train/eval_job.py)."""
     import torch
     import torch.distributed as dist
 
-    cfg = trainer.cfg
     how = decoding(cfg.eval_temperature, cfg.eval_samples)
-    items = eval_items(trainer.data.heldout, cfg.eval_size)
+    items = list(items)
     order = {it.item_id: i for i, it in enumerate(items)}
+    temperature = how["temperature"] or GREEDY_TEMPERATURE
+    with torch.no_grad():
+        rows = _roll_out(cfg, codec, backend, retriever, list(enumerate(items))[rank::world], how["samples"],
+                         temperature, seed)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, rows)
+    every = sorted((r for part in gathered for r in part), key=lambda r: order[r["item_id"]])
+    return summarize(every, exposed, planned=planned, how=how)
+
+
+def evaluate(trainer: Trainer) -> dict[str, Any]:
+    """The run's evaluation (module docstring); collective: every rank calls it, every rank returns
+    the whole run's."""
+    import torch.distributed as dist
+
+    cfg = trainer.cfg
+    items = eval_items(trainer.data.heldout, cfg.eval_size)
     # Exposed = trained on in an exposure group before the budget ended, on any rank (not planned).
     per_rank: list[Any] = [None] * trainer.world
     dist.all_gather_object(per_rank, sorted(trainer.state.exposed_items))
     exposed = set().union(*per_rank)
     planned = {it.item_id for g in trainer.curriculum.exposure_groups for it, _ in g.parts}
-    temperature = how["temperature"] or GREEDY_TEMPERATURE
-    with torch.no_grad():
-        rows = _roll_out(trainer, list(enumerate(items))[trainer.rank::trainer.world], how["samples"], temperature)
-    gathered: list[Any] = [None] * trainer.world
-    dist.all_gather_object(gathered, rows)
-    every = sorted((r for part in gathered for r in part), key=lambda r: order[r["item_id"]])
-    return summarize(every, exposed, planned=len(planned), how=how)
+    return evaluate_items(cfg, trainer.codec, trainer.backend, trainer.retriever, items, exposed,
+                          planned=len(planned), rank=trainer.rank, world=trainer.world, seed=trainer.spec.seed)

@@ -346,6 +346,8 @@ class TrainingJob(submitit.helpers.Checkpointable):
                 if progress is not None and progress.tracking is not None:
                     progress.tracking.settle()  # bounded: the details then say for sure whether MLflow tracked it
                 details = {"run_key": spec.run_key, "history": st.history, "evaluation": evaluation,
+                           # every item trained on (evaluations after training count them as exposed)
+                           "trained_item_ids": sorted(trainer.curriculum.trained_items(st.step)),
                            "audit": audit.details(),
                            "resumed": resumed, "world_size": world, "rollout": cfg.rollout,
                            # Each allocation's share (elapsed s, steps, loop s); this one's elapsed is
