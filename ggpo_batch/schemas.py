@@ -30,9 +30,10 @@ _STATUS_MAPS = tuple(f"experiments.{p}" for p in _ARM_FIGURES)
 _REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_templates", "paired_vs_baseline")
 
 SCHEMAS: dict[str, Schema] = {
-    "status": Schema(2, "ggpo-batch status --json; GET /api/status",
-                     "Per experiment version: totals and per-arm figures, the runs listed; then the experiments "
-                     "decided before anything was queued. Streamed: `schema` is on the first line.",
+    "status": Schema(3, "ggpo-batch status --json; GET /api/status",
+                     "Per experiment version: totals and per-arm figures, the runs listed (each with its provenance: "
+                     "code, environment, hardware, spec hash); then the experiments decided before anything was "
+                     "queued. Streamed: `schema` is on the first line.",
                      _STATUS_MAPS),
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
@@ -60,14 +61,17 @@ SCHEMAS: dict[str, Schema] = {
                             "already there) and its GPU-hours."),
     "ledger_export": Schema(1, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
                             "notebook. Streamed: `schema` is on the first line."),
-    "dashboard_experiment": Schema(2, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(3, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
                                     *(f"report.{p}" for p in _REPORT_MAPS))),
     "gc": Schema(1, "ggpo-batch gc --json", "What was (or, with --dry-run, would be) removed per finished run, "
                  "what was freed, the live runs left alone."),
-    "dashboard_run": Schema(2, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
-                            "heartbeats and log tails, its events."),
+    "dashboard_run": Schema(3, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats, provenance and log tails, its events."),
+    "curves": Schema(1, "GET /api/experiments/NAME/curves", "Learning curves: per arm and metric (mean reward, KL) "
+                     "the mean over seeds and its band (lowest, highest seed) against loop seconds; the runs drawn, "
+                     "booked or training now.", ("arms",)),
 }
 
 

@@ -40,10 +40,12 @@ def _ledger_class() -> type:
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .heartbeats import HeartbeatRecords
+    from .observations import ObservationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
-    class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords):
+    class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords,
+                 ObservationRecords):
         """The ledger on one database. Cheap to create; holds only an engine.
 
         Every public method is one transaction and is retried while the database is unreachable,
@@ -76,8 +78,9 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .heartbeats import HeartbeatRecords
+    from .observations import ObservationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
-                 HeartbeatRecords): ...
+                 HeartbeatRecords, ObservationRecords): ...

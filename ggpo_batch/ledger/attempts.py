@@ -21,6 +21,7 @@ from ..states import (
 )
 from .core import LedgerCore
 from .events import RowEvents
+from .observations import Observations
 from .schema import (
     Attempt,
     Experiment,
@@ -302,15 +303,16 @@ class AttemptTransitions(LedgerCore):
                       gpu_hours_job: float | None = None, gpu_hours_scheduler: float | None = None,
                       scheduler_state: str | None = None, exit_code: str | None = None,
                       result: Mapping[str, Any] | None = None,
-                      outcome: Mapping[str, Any] | None = None) -> Attempt:
+                      outcome: Mapping[str, Any] | None = None, observations: Observations | None = None) -> Attempt:
         """End an attempt with its accounting; move the run to `run_state` (None: leave it, e.g. a retry follows).
-        `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`."""
+        `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`; `observations`
+        (the job's provenance and the run's curve) with the attempt's end."""
         if attempt_state not in ATTEMPT_FINAL:
             raise LedgerError(f"{attempt_state!r} is not a final attempt state")
         fields = {"attempt_state": attempt_state, "run_state": run_state, "reason": reason, "started_at": started_at,
                   "ended_at": ended_at, "elapsed_seconds": elapsed_seconds, "gpu_hours_job": gpu_hours_job,
                   "gpu_hours_scheduler": gpu_hours_scheduler, "scheduler_state": scheduler_state,
-                  "exit_code": exit_code, "result": result, "outcome": outcome}
+                  "exit_code": exit_code, "result": result, "outcome": outcome, "observations": observations}
         return self.settle_attempt(run_key, number, lambda _run, _att: fields, actor=actor)[1]
 
     def settle_attempt(self, run_key: str, number: int, conclude: Callable[[Run, Attempt], Mapping[str, Any]], *,
@@ -330,7 +332,10 @@ class AttemptTransitions(LedgerCore):
             fields = dict(conclude(run, att))
             if fields["attempt_state"] not in ATTEMPT_FINAL:
                 raise LedgerError(f"{fields['attempt_state']!r} is not a final attempt state")
+            observations = fields.pop("observations", None)
             run_values = self._finish(run, att, events=events, **fields)
+            if observations is not None:
+                observations.write(conn, run.id, att.id)
             self._write_rows(conn, run, att, events, run_values)
             return run, att
 

@@ -105,6 +105,9 @@ class Run(Base):
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs", lazy="joined", innerjoin=True)
     attempts: Mapped[list[Attempt]] = relationship(back_populates="run", order_by="Attempt.number", lazy="selectin")
+    # Loaded only where asked for (status's pages): the provenance of the run's attempts, oldest first.
+    provenances: Mapped[list[AttemptProvenance]] = relationship(order_by="AttemptProvenance.attempt_id",
+                                                                lazy="raise", viewonly=True)
 
 
 class Attempt(Base):
@@ -148,6 +151,43 @@ class Attempt(Base):
     heartbeat_at: Mapped[datetime | None] = mapped_column()
 
     run: Mapped[Run] = relationship(back_populates="attempts")
+
+
+class AttemptProvenance(Base):
+    """What an attempt ran (ggpo_batch/run_provenance.py): code, environment, hardware, spec hash;
+    written by its job, booked by settlement with the attempt's end (migration 0006)."""
+
+    __tablename__ = "attempt_provenance"
+
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)  # without the distributions list
+    # Every installed `name==version`: read only to name the distributions two runs differ in.
+    distributions: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+
+
+class CurvePoint(Base):
+    """One training step of a run's learning curve (ggpo_batch/curve.py): booked in bulk by
+    settlement from the details' history (migration 0006); `attempt_id` is the attempt that booked it."""
+
+    __tablename__ = "curve_points"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    loop_seconds: Mapped[float | None] = mapped_column(Float)
+    mean_reward: Mapped[float | None] = mapped_column(Float)
+    kl: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    clip_fraction: Mapped[float | None] = mapped_column(Float)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    gradient_norm: Mapped[float | None] = mapped_column(Float)
+    mean_length: Mapped[float | None] = mapped_column(Float)
+    logprob_gap_mean: Mapped[float | None] = mapped_column(Float)
+    logprob_gap_p99: Mapped[float | None] = mapped_column(Float)
+    is_weight_mean: Mapped[float | None] = mapped_column(Float)
+    weight_sync_seconds: Mapped[float | None] = mapped_column(Float)
+    probe_gap: Mapped[float | None] = mapped_column(Float)
 
 
 class Event(Base):
