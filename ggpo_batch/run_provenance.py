@@ -179,14 +179,15 @@ def clean(doc: Any) -> dict[str, Any] | None:
     the ledger and the dashboard is only this.)"""
     if not isinstance(doc, dict):
         return None
-    out: dict[str, Any] = {"version": doc.get("version") if isinstance(doc.get("version"), int) else None}
+    out: dict[str, Any] = {"version": doc.get("version") if isinstance(doc.get("version"), int) else None,
+                           "collected_at": _value(doc.get("collected_at"))}
     sections = {"code": COMPARED["code"], "environment": (*COMPARED["environment"], "distributions"),
                 "hardware": (*COMPARED["hardware"], "cpus", "nodes", "world_size"), "spec": ("sha256", "config_hash")}
     for name, fields in sections.items():
         part = doc.get(name)
         if isinstance(part, dict):
             out[name] = {f: _value(part.get(f)) for f in fields}
-    return out if len(out) > 1 else None
+    return out if len(out) > 2 else None
 
 
 def _value(v: Any) -> Any:
