@@ -23,7 +23,12 @@ from ggpo_batch.curve import (
 )
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.ledger.observations import Observations
-from ggpo_batch.reporting.learning_curves import RunCurve, arm_curve, arm_curves, experiment_curves
+from ggpo_batch.reporting.learning_curves import (
+    RunCurve,
+    arm_curve,
+    arm_curves,
+    experiment_curves,
+)
 from ggpo_batch.reporting.status import experiment_status
 
 

@@ -18,9 +18,15 @@ import pytest
 
 from ggpo_batch.hardware import cpu_model, probe_hardware, smi_accelerators
 from ggpo_batch.reporting.provenance_checks import provenance_notes, provenance_warnings
-from ggpo_batch.run_provenance import clean, code_label, read_provenance, split_distributions, write_provenance
+from ggpo_batch.run_provenance import (
+    clean,
+    code_label,
+    read_provenance,
+    split_distributions,
+    write_provenance,
+)
 from tests.support.paths import REPO
-from tests.support.provenance import fake_nvidia_smi, package_checkout
+from tests.support.provenance import fake_nvidia_smi, head, package_checkout
 
 
 def test_the_probe_reads_accelerators_from_nvidia_smi_and_the_cpu_from_cpuinfo(tmp_path: Path) -> None:
@@ -58,8 +64,8 @@ def test_the_probe_reads_accelerators_from_nvidia_smi_and_the_cpu_from_cpuinfo(t
 def _code_of(checkout: Path) -> dict[str, Any]:
     """code_provenance() as a process running the package from `checkout` computes it."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    out = subprocess.run([sys.executable, "-c", "import json; from ggpo_batch.run_provenance import "
-                          "code_provenance as c; print(json.dumps(c()))"], cwd=checkout,
+    code = "import json; from ggpo_batch.run_provenance import code_provenance as c; print(json.dumps(c()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=checkout,
                          env={**env, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, check=True,
                          timeout=120)
     return json.loads(out.stdout)
@@ -67,20 +73,19 @@ def _code_of(checkout: Path) -> dict[str, Any]:
 
 def test_the_code_of_a_checkout_is_its_commit_and_the_hash_of_its_uncommitted_changes(tmp_path: Path) -> None:
     checkout = package_checkout(tmp_path / "checkout")
-    head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    at = head(checkout)
     clean_code = _code_of(checkout)
-    assert clean_code["source"] == "checkout" and clean_code["commit"] == head
+    assert clean_code["source"] == "checkout" and clean_code["commit"] == at
     assert clean_code["uncommitted_sha256"] is None  # __pycache__ written by the run itself does not count
     module = checkout / "ggpo_batch" / "outcome.py"
     module.write_text(module.read_text() + "\n# a change not committed\n")
     changed = _code_of(checkout)
-    assert changed["commit"] == head and changed["uncommitted_sha256"] is not None
+    assert changed["commit"] == at and changed["uncommitted_sha256"] is not None
     assert _code_of(checkout) == changed  # the same change, the same hash
     (checkout / "ggpo_batch" / "scratch.py").write_text("x = 1\n")
     with_untracked = _code_of(checkout)
     assert with_untracked["uncommitted_sha256"] not in (None, changed["uncommitted_sha256"])
-    assert code_label(with_untracked).startswith(f"checkout {head[:12]} + uncommitted ")
+    assert code_label(with_untracked).startswith(f"checkout {at[:12]} + uncommitted ")
 
 
 def test_the_file_a_job_writes_is_read_as_untrusted(tmp_path: Path) -> None:

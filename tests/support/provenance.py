@@ -28,6 +28,11 @@ def commit(checkout: Path, message: str) -> str:
     """Commit everything in `checkout`; its new HEAD."""
     subprocess.run([*_GIT, "-C", str(checkout), "add", "-A"], check=True)
     subprocess.run([*_GIT, "-C", str(checkout), "commit", "-q", "-m", message], check=True)
+    return head(checkout)
+
+
+def head(checkout: Path) -> str:
+    """The commit `checkout` is at."""
     return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True,
                           check=True).stdout.strip()
 
