@@ -1,11 +1,11 @@
 """A run's learning curve: one point per training step, its figures taken from the step's history
 entry, and the file in which the job keeps them while it trains.
 
-Rank 0 of the training job rewrites `<attempt folder>/curve.jsonl` with the run's history so far when
-it starts (a resumed run brings its earlier steps) and appends the new points each time it writes
-its heartbeat (train/job.py's Progress): the dashboard reads the file of a running attempt; at the
-end settlement books the details' history into the ledger (`curve_points`), where `report` and the
-dashboard read every finished run's curve without opening its details file.
+Rank 0 of the training job rewrites `<attempt folder>/curve.jsonl` with the run's history so far
+when it starts (a resumed run brings its earlier steps) and appends each step's point as the step
+ends (train/live_progress.py; one short line a step): the dashboard reads the file of a running
+attempt; at the end settlement books the details' history into the ledger (`curve_points`), where
+`report` and the dashboard read every finished run's curve without opening its details file.
 
 History entries are read generically: a field the entry lacks (older runs, or figures a trainer
 does not record yet) is None; a figure that is not a finite number is None. The file is the job's:

@@ -37,7 +37,7 @@ from .access import TokenGate, is_local, scrub
 LIVE_EVERY_MS = 2000
 INDEX_EVERY_MS = 10000
 RESULTS_EVERY_MS = 60000
-CURVES_EVERY_MS = 5000  # a job appends to its curve at most every 5 s (train/live_progress.py)
+CURVES_EVERY_MS = 5000  # the curves: a running job's file grows a point a step (train/live_progress.py)
 # A page waits this long for an unreachable ledger to answer again (the CLI: 120 s), then is a 503.
 LEDGER_RETRY_SECONDS = 10
 # No script, style or image from anywhere else; plots are data: URIs; no framing.

@@ -45,6 +45,7 @@ def write_curve_plot(curves: Mapping[str, Any], out_dir: Path, baseline: str | N
         if not drawn:
             ax.text(0.5, 0.5, "not recorded by these runs", transform=ax.transAxes, ha="center", va="center",
                     color="#888888")
+            ax.set_yticks([])
         else:
             lo, hi = ax.get_ylim()
             _tidy_axis(ax.yaxis, lo, hi)

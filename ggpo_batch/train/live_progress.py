@@ -28,29 +28,32 @@ def record_rates(history: list[dict[str, Any]], mean_reward: float | None, token
 
 
 class Progress:
-    """Rank 0's live view of the run: the heartbeat and the learning curve (ggpo_batch/curve.py) in
-    the attempt folder and, when tracking is on, the step metrics of the attempt's MLflow run
-    (ggpo_batch/tracking.py), all written after a step at most every HEARTBEAT_EVERY_SECONDS and at
-    every phase boundary. From the loop itself, not a timer: a job stuck in a collective stops
+    """Rank 0's live view of the run: the learning curve (ggpo_batch/curve.py; each step's point
+    appended as the step ends: one line, so the dashboard's curve grows step by step), the heartbeat
+    in the attempt folder and, when tracking is on, the step metrics of the attempt's MLflow run
+    (ggpo_batch/tracking.py), those two written after a step at most every HEARTBEAT_EVERY_SECONDS and
+    at every phase boundary. From the loop itself, not a timer: a job stuck in a collective stops
     beating, and status flags it hung."""
 
     def __init__(self, folder: Path, budget_seconds: float, tracking: Any = None) -> None:
         self.folder, self.budget_seconds, self.tracking = folder, budget_seconds, tracking
         self.pending: list[dict[str, Any]] = []
-        self.points: list[dict[str, Any]] = []  # curve points not yet appended to the file
         self.mean_reward: float | None = None
         self.tokens_per_second: float | None = None
         self._written = 0.0
 
     def step(self, st: Any, mean_reward: float | None, tokens_per_second: float | None) -> None:
-        """After a step: its figures are queued for MLflow, the heartbeat written when due."""
+        """After a step: its curve point appended, its figures queued for MLflow, the heartbeat
+        written when due."""
         self.mean_reward, self.tokens_per_second = mean_reward, tokens_per_second
         last = st.history[-1] if st.history else {}
         self.pending.append({"step": st.step, **{k: last.get(k) for k in _STEP_METRICS},
                              "mean_reward": mean_reward, "tokens_per_second": tokens_per_second})
         point = point_of(last)
-        if point is not None:
-            self.points.append(point)
+        try:
+            append_points(self.folder, [point] if point is not None else [])
+        except OSError as exc:  # a full or read-only disk costs the live view, never the run
+            log.warning("curve not written to %s: %s", self.folder, exc)
         if time.monotonic() - self._written >= HEARTBEAT_EVERY_SECONDS:
             self.beat(st)
 
@@ -64,15 +67,13 @@ class Progress:
         self.beat(st)
 
     def beat(self, st: Any) -> None:
-        """Write the heartbeat now (and the queued curve points and step metrics)."""
+        """Write the heartbeat now (and the queued step metrics)."""
         hb = Heartbeat(step=st.step, loop_seconds=st.loop_seconds, budget_seconds=self.budget_seconds,
                        mean_reward=self.mean_reward, tokens_per_second=self.tokens_per_second, updated_at=time.time())
         try:
-            append_points(self.folder, self.points)
             write_heartbeat(self.folder, hb)
         except OSError as exc:  # a full or read-only disk costs the live view, never the run
             log.warning("heartbeat not written to %s: %s", self.folder, exc)
-        self.points = []
         self._written = time.monotonic()
         if self.tracking is not None and self.pending:
             self.tracking.log_steps(self.pending)
