@@ -12,13 +12,14 @@ from typing import Any
 from ..reporting.curve_plots import arm_colours
 from ..reporting.learning_curves import METRIC_LABELS
 
-WIDTH, HEIGHT = 560, 250
+WIDTH, HEIGHT = 540, 200
 LEFT, RIGHT, TOP, BOTTOM = 56, 12, 12, 36  # margins for the axes' labels
 
 
 def curve_panels(curves: Mapping[str, Any], baseline: str | None = None) -> list[dict[str, Any]]:
     """One panel per metric: {"metric", "label", "width", "height", "plot" (x, y, w, h), "xticks",
-    "yticks" ([(pixel, label)]), "arms": [{"arm", "colour", "band", "mean", "points", "runs"}]}."""
+    "yticks" ([(pixel, label)]), "arms": [{"arm", "colour", "band", "mean", "points", "runs", "dots"}]}; an
+    arm's curve of three points or fewer is drawn as dots too (one point draws no line)."""
     arms = sorted(curves["arms"])
     colour = arm_colours(arms, baseline)
     out = []
@@ -44,7 +45,10 @@ def curve_panels(curves: Mapping[str, Any], baseline: str | None = None) -> list
                 panel["arms"].append({"arm": arm, "colour": colour[arm], "band": " ".join(upper + lower),
                                       "mean": " ".join(f"{fx(x):.1f},{fy(y):.1f}"
                                                        for x, y in zip(c["loop_seconds"], c["mean"])),
-                                      "points": len(c["mean"]), "runs": max(c["runs"])})
+                                      "points": len(c["mean"]), "runs": max(c["runs"]),
+                                      "dots": [(round(fx(x), 1), round(fy(y), 1))
+                                               for x, y in zip(c["loop_seconds"], c["mean"])]
+                                      if len(c["mean"]) <= 3 else []})
         out.append(panel)
     return out
 

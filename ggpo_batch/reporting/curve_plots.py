@@ -41,6 +41,7 @@ def write_curve_plot(curves: Mapping[str, Any], out_dir: Path, baseline: str | N
             drawn = True
             ax.fill_between(c["loop_seconds"], c["low"], c["high"], color=colour[arm], alpha=0.18, linewidth=0)
             ax.plot(c["loop_seconds"], c["mean"], color=colour[arm], linewidth=1.8,
+                    marker="o" if len(c["mean"]) <= 3 else None,
                     label=f"{arm}{' (baseline)' if arm == baseline else ''}, {runs[arm]} run{'s' * (runs[arm] != 1)}")
         if not drawn:
             ax.text(0.5, 0.5, "not recorded by these runs", transform=ax.transAxes, ha="center", va="center",

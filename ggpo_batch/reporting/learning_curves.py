@@ -94,13 +94,23 @@ def run_curves(ledger: Ledger, experiment_id: int, runs: Sequence[Run], *, jobs_
 
 def arm_curves(curves: Iterable[RunCurve], metrics: Sequence[str] = CURVE_METRICS) -> dict[str, dict[str, Any]]:
     """Per arm and metric: the mean over its runs on a grid of loop seconds from 0 to the longest
-    run's last point, with the lowest and highest run (the band) and how many runs each point has."""
+    run's last point (and each of the arm's runs' first and last points, so that a run's whole span
+    counts), with the lowest and highest run (the band) and how many runs each point has."""
     by_arm: dict[str, list[RunCurve]] = defaultdict(list)
     for c in curves:
         by_arm[c.arm].append(c)
     longest = max((t for c in by_arm.values() for r in c for t in r.loop_seconds if t is not None), default=0.0)
     grid = [longest * i / (GRID_POINTS - 1) for i in range(GRID_POINTS)] if longest > 0 else []
-    return {arm: {m: arm_curve(rs, m, grid) for m in metrics} for arm, rs in sorted(by_arm.items())}
+    out = {}
+    for arm, rs in sorted(by_arm.items()):
+        ends = {t for r in rs for t in _ends(r.loop_seconds)}
+        out[arm] = {m: arm_curve(rs, m, sorted(ends.union(grid))) for m in metrics}
+    return out
+
+
+def _ends(xs: Sequence[float | None]) -> list[float]:
+    known = [x for x in xs if x is not None]
+    return [min(known), max(known)] if known else []
 
 
 def arm_curve(runs: Sequence[RunCurve], metric: str, grid: Sequence[float]) -> dict[str, list[Any]]:
