@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import ggpo_batch
-
 from tests.dashboard.server import Dashboard, get
 from tests.support.paths import REPO
 from tests.support.wheel import UNMET_REQUIREMENTS, build_wheel, fresh_venv

@@ -119,7 +119,8 @@ def test_the_curves_of_a_real_experiment_grow_while_it_trains_and_match_its_hist
             assert {f: booked[f] for f in FIGURES} == {f: [p[f] for p in history] for f in FIGURES}
             assert all(v is not None for v in booked["mean_reward"] + booked["tokens_per_second"] + booked["loss"])
             # The provenance booked is the job's, and is this checkout's code.
-            [(attempt_id, prov)] = [led.latest_provenance([runs[key].id])[runs[key].id]]
+            attempt_id, prov = led.latest_provenance([runs[key].id])[runs[key].id]
+            assert attempt_id == runs[key].attempts[-1].id
             assert split_distributions(read_provenance(folder) or {})[0] == prov
             assert prov["code"]["commit"] == head(REPO) and prov["environment"]["python"]
             assert details["provenance"]["environment"]["distributions"]
