@@ -9,7 +9,7 @@ row-level security anyway) or a superuser; on SQLite, the owner of the ledger fi
 write the file by hand anyway). Anyone else naming someone else is refused (exit 6): a changed
 GGPO_USER no longer escapes a per-user cap or a permission.
 
-The group roles of a team ledger are named here and created by migration 0007, which also holds
+The group roles of a team ledger are named here and created by migration 0006, which also holds
 the grants and row-level security policies that enforce what each may do (README: Roles and
 permissions).
 """

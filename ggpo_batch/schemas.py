@@ -33,9 +33,10 @@ _STATUS_MAPS = tuple(f"experiments.{p}" for p in _ARM_FIGURES)
 _REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_templates", "paired_vs_baseline")
 
 SCHEMAS: dict[str, Schema] = {
-    "status": Schema(3, "ggpo-batch status --json; GET /api/status",
-                     "Per experiment version: totals and per-arm figures, the runs listed; then the experiments "
-                     "decided before anything was queued. Streamed: `schema` is on the first line.",
+    "status": Schema(4, "ggpo-batch status --json; GET /api/status",
+                     "Per experiment version: totals and per-arm figures, the runs listed (each with its provenance: "
+                     "code, environment, hardware, spec hash); then the experiments decided before anything was "
+                     "queued. Streamed: `schema` is on the first line.",
                      _STATUS_MAPS),
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
@@ -73,15 +74,15 @@ SCHEMAS: dict[str, Schema] = {
                             "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
                     "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),
-    "dashboard_experiment": Schema(4, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(5, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
                                     *(f"report.{p}" for p in _REPORT_MAPS)), ("report.train",)),
     "gc": Schema(1, "ggpo-batch gc --json", "What was (or, with --dry-run, would be) removed per finished run, "
                  "what was freed, the live runs left alone."),
-    "dashboard_run": Schema(4, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
-                            "heartbeats and log tails (or why a log is not shown: `problem`), its evaluations after "
-                            "training, its events."),
+    "dashboard_run": Schema(5, "GET /api/runs/RUN_KEY", "The run page: the run, its attempts with their "
+                            "heartbeats, provenance and log tails (or why a log is not shown: `problem`), its "
+                            "evaluations after training, its events."),
     "config": Schema(1, "ggpo-batch config --json", "Every setting as the commands use it (secrets masked) and "
                      "where it came from: the environment, a settings file, or the default; the settings files "
                      "looked at."),
@@ -91,6 +92,9 @@ SCHEMAS: dict[str, Schema] = {
                            "Slack's `text`, its kind, idempotency key (also the Idempotency-Key header), time and "
                            "structured fields (`fields`: what its kind says, e.g. `run_key`, `reason`; keyed by "
                            "name; a field's value may be any JSON).", ("fields",), ("fields.*",)),
+    "curves": Schema(1, "GET /api/experiments/NAME/curves", "Learning curves: per arm and metric (mean reward, KL) "
+                     "the mean over seeds and its band (lowest, highest seed) against loop seconds; the runs drawn, "
+                     "booked or training now.", ("arms",)),
 }
 
 

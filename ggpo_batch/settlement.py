@@ -30,6 +30,7 @@ from .costguard import CapCheck, check_continuation
 from .evaluations import enqueue_evaluations, for_run, planned_by_spec
 from .executor.base import JobInfo
 from .ledger import Ledger
+from .ledger.observations import Observations
 from .ledger.schema import Attempt, Run
 from .outcome import read_outcome
 from .run_record import check_run_record, entry_key
@@ -211,7 +212,28 @@ def _conclude(run: Run, attempt: Attempt, info: JobInfo, folder: Path,
     return out, {"attempt_state": out.attempt_state, "run_state": out.run_state, "reason": out.reason,
                  "started_at": info.start, "ended_at": info.end, "elapsed_seconds": elapsed, "gpu_hours_job": job_gh,
                  "gpu_hours_scheduler": info.gpu_hours, "scheduler_state": info.state, "exit_code": info.exit_code,
-                 "result": out.record, "outcome": outcome}
+                 "result": out.record, "outcome": outcome,
+                 "observations": observations(folder, with_record=out.record is not None)}
+
+
+def observations(folder: Path, *, with_record: bool) -> Observations | None:
+    """What the job recorded of itself in `folder`: its provenance (run_provenance.py) and the run's
+    learning curve, from the details' history when the attempt booked a record, else from the curve
+    file it kept while it trained (curve.py); None when it left neither."""
+    from .curve import points_of, read_curve
+    from .run_provenance import read_provenance, split_distributions
+
+    prov = read_provenance(folder)
+    doc, listed = split_distributions(prov) if prov is not None else (None, None)
+    points: list[dict[str, Any]] = []
+    if with_record:
+        try:
+            history = json.loads(details_path(folder).read_text()).get("history")
+        except (OSError, ValueError, AttributeError):
+            history = None
+        points = points_of(e for e in history if isinstance(e, dict)) if isinstance(history, list) else []
+    points = points or read_curve(folder)
+    return Observations(doc, listed, points or None) if doc is not None or points else None
 
 
 def _after(ledger: Ledger, run: Run, attempt: Attempt, info: JobInfo, folder: Path, out: Outcome, *,

@@ -212,12 +212,21 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
     page = run_view(ledger, settings, a.run_key)  # what the dashboard's run page shows
     assert page["run"]["state_label"] == "succeeded, continued after time limit (3 of 3)"
     assert [x["kind"] for x in page["attempts"]] == ["training", "continuation", "continuation", "continuation"]
+    assert all(x["provenance"]["code"]["commit"] for x in page["attempts"])  # each allocation's own
+    # The run's curve: every step, booked by its last attempt from the details' history (which the
+    # checkpoints carried); the continued job's curve file started with the steps before it.
+    from ggpo_batch.curve import points_of, read_curve
+
+    assert ledger.curves(a.experiment_id)[a.id]["step"] == [p["step"] for p in points_of(details["history"])] == [0, 1, 2]
+    assert [p["step"] for p in read_curve(attempt_folder(settings.jobs_dir, a.run_key, 4))] == [0, 1, 2]
 
     b = ledger.get_run("ct-b-v1-1-clean")
     assert [x.state for x in b.attempts] == ["timeout", "timeout"] and b.state == "timeout"
     assert "no continuation left (max_continuations = 1)" in b.cause
     assert checkpoint_folder(attempt_folder(settings.jobs_dir, b.run_key, 1)).exists()  # kept for a retry
     assert state_label(run_row(b)) == "timeout, continued after time limit (1 of 1)"
+    # no record: its curve is what its last job's curve file held, the first allocation's step too
+    assert ledger.curves(b.experiment_id)[b.id]["step"] == [0, 1]
 
     c = ledger.get_run("ct-c-v1-1-clean")
     assert [x.state for x in c.attempts] == ["timeout"] and c.state == "timeout"

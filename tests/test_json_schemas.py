@@ -1,12 +1,12 @@
 """Every machine-readable document carries its schema number, and its shape changes only with it.
 
 One ledger holds what every document can show (an imported experiment of 15 succeeded runs, a
-spec's runs queued on Redis, a failed one, a running one with a heartbeat, one with a log, a
-decision, a nightly component record); each `--json` command and dashboard API prints its
-document over it, on SQLite and on PostgreSQL. The shape of each (its field paths,
-`ggpo_batch.schemas.key_paths`) must equal the shape recorded for its number in
-tests/data/json_shapes.json. That file is append-only: a number's shape, once recorded, never
-changes. A new number's shape is recorded by running this module with GGPO_RECORD_JSON_SHAPES=1;
+spec's runs queued on Redis, a failed one, a running one with a heartbeat, one with a log, one
+booked with its provenance and learning curve, a decision, a nightly component record); each
+`--json` command and dashboard API prints its document over it, on SQLite and on PostgreSQL. The
+shape of each (its field paths, `ggpo_batch.schemas.key_paths`) must equal the shape recorded for
+its number in tests/data/json_shapes.json. That file is append-only: a number's shape, once
+recorded, never changes. A new number's shape is recorded by running this module with GGPO_RECORD_JSON_SHAPES=1;
 docs/json.md is generated from the record.
 """
 
@@ -23,9 +23,13 @@ from click.testing import CliRunner
 
 from ggpo_batch import schemas
 from ggpo_batch.cli import cli
+from ggpo_batch.curve import points_of
 from ggpo_batch.evaluation_spec import evaluation_key
 from ggpo_batch.heartbeat import Heartbeat
+from ggpo_batch.ledger import NewRun
 from ggpo_batch.ledger.attempts import AttemptPlan
+from ggpo_batch.ledger.observations import Observations
+from ggpo_batch.run_provenance import collect, split_distributions
 from tests.dashboard.server import Dashboard, cli_env, get
 from tests.support.evaluations import items_file, succeeded_experiment, training_files
 from tests.support.paths import DATA, REPO, SEED_000, SEED_003
@@ -93,6 +97,20 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     folder.mkdir(parents=True)
     (folder / "4242_0_log.out").write_text("step 3\n")
     (folder / "4242_0_log.err").write_text("")
+    # A run booked with its provenance and learning curve (an experiment of its own: the documents
+    # about done-exp and queued-exp stay as they were).
+    booked = "curved-exp-v1-1-clean"
+    led.create_experiment(name="curved-exp", version=1, method="ggpo", source="spec", spec_hash="c", spec={}, gpus=4,
+                          actor="t", runs=[NewRun(run_key=booked, arm="clean", seed=1, config_hash="h",
+                                                  run_spec={"gpus": 4})])
+    led.begin_attempt(booked, executor="local", gpus=4, actor="t", worker="w")
+    led.mark_submitted(booked, 1, job_id="4343", actor="t")
+    provenance, listed = split_distributions(collect("{}", config_hash="h", cuda=False, world_size=4, nodes=["n1"],
+                                                     visible_devices=None, image_digest="sha256:abc"))
+    history = [{"step": i, "loop_seconds": 0.5 * (i + 1), "loss": 0.1, "mean_reward": 0.2, "kl": 0.01} for i in range(3)]
+    led.mark_finished(booked, 1, attempt_state="succeeded", run_state="succeeded", actor="t",
+                      result=next(iter(json.loads(SEED_000.read_text()).values())),
+                      observations=Observations(provenance, listed, points_of(history)))
     night = led.claim_night(method="ggpo", tier="l1_mechanism", night="2026-12-01", actor="t")
     led.finish_component_run(night.id, state="succeeded", record=json.loads(SEED_003.read_text()), seconds=12.0,
                              commit="abc", dirty=False)
@@ -141,7 +159,11 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
                             ("dashboard_run", f"/api/runs/{running}"), ("dashboard_run", f"/api/runs/{failed}"),
                             ("costs", "/api/costs?by=month&since=2026-01-01"),
                             ("dashboard_run", f"/api/runs/{evaluated[0]}"),
-                            ("dashboard_experiment", "/api/experiments/evaluated")):
+                            ("dashboard_experiment", "/api/experiments/evaluated"),
+
+                            ("dashboard_experiment", "/api/experiments/curved-exp"),
+                            ("dashboard_run", f"/api/runs/{booked}"), ("curves", "/api/experiments/done-exp/curves"),
+                            ("curves", "/api/experiments/curved-exp/curves")):
             code, body = get(dash.url + route)
             assert code == 200, (route, body)
             add(kind, body)

@@ -1,5 +1,5 @@
 """A team on one PostgreSQL ledger: who acted is the database role, and what each may do is decided
-by PostgreSQL itself (grants and row-level security of migration 0007), through the CLI and through
+by PostgreSQL itself (grants and row-level security of migration 0006), through the CLI and through
 direct SQL alike.
 
 The shared PostgreSQL trusts every connection, so these tests run a PostgreSQL of their own (initdb

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import ggpo_batch
 from tests.dashboard.server import Dashboard, get
 from tests.support.paths import REPO
 from tests.support.wheel import UNMET_REQUIREMENTS, build_wheel, fresh_venv
@@ -92,6 +93,12 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_whole_flow(tmp_path: 
     run("worker --burst", cli, "worker", "--burst", "--reconcile-interval", "5", timeout=300)
     [exp] = json.loads(run("status", cli, "status", "--json", "-e", "my-experiment"))["experiments"]
     assert exp["totals"]["states"] == {"succeeded": 2}
+    # Each run's provenance names the installed wheel, not a checkout (run_provenance.py).
+    rows = json.loads(run("status --runs", cli, "status", "--runs", "--json", "-e", "my-experiment"))
+    codes = [r["provenance"]["code"] for r in rows["experiments"][0]["runs"]]
+    assert len(codes) == 2 and codes[0] == codes[1], codes
+    assert codes[0]["source"] == "wheel" and codes[0]["commit"] is None and codes[0]["version"] == ggpo_batch.__version__
+    assert len(codes[0]["installed_sha256"] or "") == 64, codes[0]
 
     [night] = json.loads(run("nightly", cli, "nightly", "--seeds", "42", "--json"))["nights"]
     assert night["ran"], night

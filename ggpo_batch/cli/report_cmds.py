@@ -70,7 +70,8 @@ def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
               help="Write to this file (default: stdout).")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write PNG plots into this folder: GPU-hours and steps per arm; outcome per arm and the "
-                   "paired differences (forest plot) where runs have outcomes.")
+                   "paired differences (forest plot) where runs have outcomes; learning curves (reward and KL "
+                   "against loop seconds, per arm the mean over seeds with a band) where runs booked them.")
 @pass_reader
 def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str,
            outcome_set: str | None, as_json: bool, fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
@@ -96,14 +97,12 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
 
     reps, cmp = scrub(reps), scrub(cmp)  # before any format lays them out (cut, escaped) in one place
     if fmt in ("md", "html"):
-        _write(_document(fmt, reps, cmp, plot_dir), output)
+        _write(_document(led, fmt, reps, cmp, plot_dir), output)
         return
     plot_paths: list[str] = []
     if plot_dir is not None:
-        from ..reporting.plots import write_plots
-
         for i, rep in enumerate(reps):
-            plot_paths += [str(p) for p in write_plots(rep, plot_dir / ("ab"[i] if cmp else ""))]
+            plot_paths += [str(p) for p in _plots(led, rep, plot_dir / ("ab"[i] if cmp else ""))]
     data: Mapping[str, Any] = cmp if cmp is not None else reps[0]
     if fmt == "json":
         kind = "report_comparison" if cmp is not None else "report"
@@ -122,11 +121,24 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
         click.echo(f"plot: {p}")
 
 
-def _document(fmt: str, reps: list[dict[str, Any]], cmp: Mapping[str, Any] | None, plot_dir: Path | None) -> str:
+def _plots(led: Any, rep: Mapping[str, Any], folder: Path) -> list[Path]:
+    """The report's plots (plots.py) and its learning curves (curve_plots.py), written into `folder`."""
+    from ..reporting.curve_plots import write_curve_plot
+    from ..reporting.learning_curves import experiment_curves
+    from ..reporting.plots import write_plots
+
+    paths = write_plots(rep, folder)
+    if rep.get("version") is not None and rep["arms"]:
+        curve = write_curve_plot(experiment_curves(led, rep["experiment"], rep["version"]), folder, rep.get("baseline"))
+        paths += [curve] if curve is not None else []
+    return paths
+
+
+def _document(led: Any, fmt: str, reps: list[dict[str, Any]], cmp: Mapping[str, Any] | None,
+              plot_dir: Path | None) -> str:
     """The Markdown or HTML file: plots drawn into `plot_dir` (kept) or a temporary folder, embedded."""
     import tempfile
 
-    from ..reporting.plots import write_plots
     from ..reporting.render import to_html, to_markdown
     from .app import invoked_command
 
@@ -134,7 +146,7 @@ def _document(fmt: str, reps: list[dict[str, Any]], cmp: Mapping[str, Any] | Non
         plots: list[tuple[str, Path]] = []
         for i, rep in enumerate(reps):
             folder = Path(plot_dir or tmp) / ("ab"[i] if cmp else "")
-            plots += [(cmp["compare"][i] if cmp else "", p) for p in write_plots(rep, folder)]
+            plots += [(cmp["compare"][i] if cmp else "", p) for p in _plots(led, rep, folder)]
         render = to_markdown if fmt == "md" else to_html
         return render(None if cmp else reps[0], plots, compare=cmp, command=invoked_command())
 
@@ -181,7 +193,8 @@ def _print_warnings(console: Console, warnings: list[dict[str, Any]], notes: lis
             console.print(f"  ! {w['message']}", markup=False, highlight=False)
     else:
         console.print("no comparability warnings: equal budgets, loop times and overshoot within the thresholds, "
-                      "no retries, no failed audits, every seed paired")
+                      "no retries, no failed audits, every seed paired, the same code, environment and hardware "
+                      "(where runs recorded them)")
     for n in notes:
         console.print(f"note: {n}", markup=False, highlight=False)
 

@@ -37,6 +37,7 @@ from .access import TokenGate, is_local, scrub
 LIVE_EVERY_MS = 2000
 INDEX_EVERY_MS = 10000
 RESULTS_EVERY_MS = 60000
+CURVES_EVERY_MS = 5000  # the curves: a running job's file grows a point a step (train/live_progress.py)
 # A page waits this long for an unreachable ledger to answer again (the CLI: 120 s), then is a 503.
 LEDGER_RETRY_SECONDS = 10
 # No script, style or image from anywhere else; plots are data: URIs; no framing.
@@ -73,7 +74,8 @@ def _templates() -> Environment:
                       autoescape=select_autoescape(["html"]), trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = _num
     env.filters["when"] = _when
-    env.globals.update(live_every=LIVE_EVERY_MS, index_every=INDEX_EVERY_MS, results_every=RESULTS_EVERY_MS)
+    env.globals.update(live_every=LIVE_EVERY_MS, index_every=INDEX_EVERY_MS, results_every=RESULTS_EVERY_MS,
+                       curves_every=CURVES_EVERY_MS)
     return env
 
 
@@ -203,7 +205,8 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
         name, version = _name(request), _version(request)
         live = views.experiment_live(ledger, settings, name, version)
         results = views.experiment_results(ledger, name, live["version"])
-        return page(request, "experiment.html", live=live, results=results)
+        curves = views.experiment_curves_view(ledger, settings, name, live["version"])
+        return page(request, "experiment.html", live=live, results=results, curves=curves)
 
     def experiment_runs(request: Request) -> Response:
         return page(request, "_runs.html", live=views.experiment_live(ledger, settings, _name(request), _version(request)))
@@ -211,6 +214,16 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
     def experiment_results(request: Request) -> Response:
         return page(request, "_results.html",
                     results=views.experiment_results(ledger, _name(request), _version(request)))
+
+    def experiment_curves(request: Request) -> Response:
+        return page(request, "_curves.html",
+                    curves=views.experiment_curves_view(ledger, settings, _name(request), _version(request)))
+
+    def api_curves(request: Request) -> Response:
+        from ..reporting.learning_curves import experiment_curves
+
+        return api(versioned("curves", experiment_curves(ledger, _name(request), _version(request),
+                                                         jobs_dir=settings.jobs_dir)))
 
     def run(request: Request) -> Response:
         return page(request, "run.html", view=views.run_view(ledger, settings, _name(request, "run_key",
@@ -263,6 +276,7 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
         Route("/experiments/{name}", handled(experiment)),
         Route("/fragments/experiments/{name}/runs", handled(experiment_runs)),
         Route("/fragments/experiments/{name}/results", handled(experiment_results)),
+        Route("/fragments/experiments/{name}/curves", handled(experiment_curves)),
         Route("/runs/{run_key}", handled(run)),
         Route("/fragments/runs/{run_key}", handled(run_fragment)),
         Route("/nightly", handled(nightly)),
@@ -272,6 +286,7 @@ def create_app(settings: Settings, *, token: str | None = None, host: str = "127
         Route("/api/components", handled(api_components, json_api=True)),
         Route("/api/costs", handled(api_costs, json_api=True)),
         Route("/api/experiments/{name}", handled(api_experiment, json_api=True)),
+        Route("/api/experiments/{name}/curves", handled(api_curves, json_api=True)),
         Route("/api/runs/{run_key}", handled(api_run, json_api=True)),
         Mount("/static", StaticFiles(packages=[("ggpo_batch.dashboard", "static")]), name="static"),
     ]

@@ -122,29 +122,45 @@ def experiment_results(ledger: Ledger, name: str, version: int | None = None) ->
     return {"report": rep, "tables": tables, "footer": footer_lines(rep), "plots": plots}
 
 
-def _attempt_row(settings: Settings, run: Any, a: Any) -> dict[str, Any]:
+def experiment_curves_view(ledger: Ledger, settings: Settings, name: str, version: int | None = None,
+                           baseline: str = "clean") -> dict[str, Any]:
+    """The learning curves of one version (reporting/learning_curves.py: booked runs from the
+    ledger, running ones from their jobs' curve files) and their SVG panels (charts.py)."""
+    from ..reporting.learning_curves import experiment_curves
+    from .charts import curve_panels, legend
+
+    curves = experiment_curves(ledger, name, _version(ledger, name, version), jobs_dir=settings.jobs_dir)
+    base = baseline if baseline in curves["arms"] else None
+    return {"curves": curves, "panels": curve_panels(curves, base), "legend": legend(curves, base)}
+
+
+def _attempt_row(settings: Settings, run: Any, a: Any, provenance: dict[str, Any] | None = None) -> dict[str, Any]:
     hb = attempt_heartbeat(a)
     return {"number": a.number, "executor": a.executor, "kind": a.kind, "job_id": a.job_id, "state": a.state,
             "scheduler_state": a.scheduler_state, "reason": a.reason, "worker": a.worker, "gpus": a.gpus,
             "submitted_at": a.submitted_at, "started_at": a.started_at, "ended_at": a.ended_at,
             "elapsed_seconds": a.elapsed_seconds, "gpu_hours_job": a.gpu_hours_job,
             "gpu_hours_scheduler": a.gpu_hours_scheduler, "exit_code": a.exit_code,
-            "heartbeat": hb.to_dict() if hb else None, **attempt_tails(settings.jobs_dir, run, a)}
+            "heartbeat": hb.to_dict() if hb else None, "provenance": provenance,
+            **attempt_tails(settings.jobs_dir, run, a)}
 
 
 def run_view(ledger: Ledger, settings: Settings, run_key: str) -> dict[str, Any]:
-    """One run: its status row, every attempt (its heartbeat in the ledger, its log tails), its events."""
+    """One run: its status row, every attempt (its heartbeat in the ledger, its provenance, its log
+    tails), its events."""
     from ..reporting.status import run_row
 
     run = ledger.get_run(run_key)
     evaluations = ledger.evaluations(run_ids=[run.id])
-    row = with_labels([run_row(run, hung_after=settings.hung_after_seconds,
+    provenance = ledger.attempt_provenance(a.id for a in run.attempts)
+    latest = next((provenance[a.id] for a in reversed(run.attempts) if a.id in provenance), None)
+    row = with_labels([run_row(run, {"provenance": latest}, hung_after=settings.hung_after_seconds,
                                evaluations={run.id: [(e.name, e.state) for e in evaluations]})])[0]
     events = [{"at": e.at, "entity": e.entity, "from_state": e.from_state, "to_state": e.to_state,
                "actor": e.actor, "reason": e.reason} for e in ledger.events(run_key=run_key)]
     return {"run": row, "experiment": run.experiment.name, "version": run.experiment.version,
             "queue": settings.queue_for(run.experiment.queue),
-            "attempts": [_attempt_row(settings, run, a) for a in run.attempts], "events": events,
+            "attempts": [_attempt_row(settings, run, a, provenance.get(a.id)) for a in run.attempts], "events": events,
             "evaluations": [_evaluation_row(run, e) for e in evaluations]}
 
 

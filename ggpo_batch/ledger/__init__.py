@@ -42,11 +42,13 @@ def _ledger_class() -> type:
     from .evaluation_rows import EvaluationRecords
     from .heartbeats import HeartbeatRecords
     from .notifications import NotificationRecords
+    from .observations import ObservationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords,
-                 NotificationRecords, EvaluationRecords):
+                 NotificationRecords, EvaluationRecords,
+                 ObservationRecords):
         """The ledger on one database. Cheap to create; holds only an engine.
 
         Every public method is one transaction and is retried while the database is unreachable,
@@ -81,8 +83,10 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
     from .evaluation_rows import EvaluationRecords
     from .heartbeats import HeartbeatRecords
     from .notifications import NotificationRecords
+    from .observations import ObservationRecords
     from .runs import RunTransitions
     from .summaries import RunSummaries
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
-                 HeartbeatRecords, NotificationRecords, EvaluationRecords): ...
+                 HeartbeatRecords, NotificationRecords, EvaluationRecords,
+                 ObservationRecords): ...

@@ -32,6 +32,7 @@ from ..states import (
 from .core import LedgerCore, missing_run
 from .events import RowEvents
 from .new_evaluations import write_new_evaluations
+from .observations import Observations
 from .schema import (
     Attempt,
     Experiment,
@@ -379,16 +380,19 @@ class AttemptTransitions(LedgerCore):
                       gpu_hours_job: float | None = None, gpu_hours_scheduler: float | None = None,
                       scheduler_state: str | None = None, exit_code: str | None = None,
                       result: Mapping[str, Any] | None = None,
-                      outcome: Mapping[str, Any] | None = None, evaluations: Sequence[Any] = ()) -> Attempt:
+                      outcome: Mapping[str, Any] | None = None, evaluations: Sequence[Any] = (),
+                      observations: Observations | None = None) -> Attempt:
         """End an attempt with its accounting; move the run to `run_state` (None: leave it, e.g. a retry follows).
         `outcome`, the evaluation's figures (ggpo_batch/outcome.py), is booked with `result`;
-        `evaluations` (NewEvaluation rows) are added if the run succeeds, in the same transaction."""
+        `evaluations` (NewEvaluation rows) are added if the run succeeds, and `observations` (the job's
+        provenance and the run's curve) are booked with the attempt's end, in the same transaction."""
         if attempt_state not in ATTEMPT_FINAL:
             raise LedgerError(f"{attempt_state!r} is not a final attempt state")
         fields = {"attempt_state": attempt_state, "run_state": run_state, "reason": reason, "started_at": started_at,
                   "ended_at": ended_at, "elapsed_seconds": elapsed_seconds, "gpu_hours_job": gpu_hours_job,
                   "gpu_hours_scheduler": gpu_hours_scheduler, "scheduler_state": scheduler_state,
-                  "exit_code": exit_code, "result": result, "outcome": outcome, "evaluations": evaluations}
+                  "exit_code": exit_code, "result": result, "outcome": outcome, "evaluations": evaluations,
+                  "observations": observations}
         return self.settle_attempt(run_key, number, lambda _run, _att: fields, actor=actor)[1]
 
     def settle_attempt(self, run_key: str, number: int, conclude: Callable[[Run, Attempt], Mapping[str, Any]], *,
@@ -410,7 +414,10 @@ class AttemptTransitions(LedgerCore):
             if fields["attempt_state"] not in ATTEMPT_FINAL:
                 raise LedgerError(f"{fields['attempt_state']!r} is not a final attempt state")
             was = run.state
+            observations = fields.pop("observations", None)
             run_values = self._finish(run, att, events=events, **fields)
+            if observations is not None:
+                observations.write(conn, run.id, att.id)
             queued = evaluations if run.state == "succeeded" and was != "succeeded" else ()  # by its success
             self._write_rows(conn, run, att, events, run_values, queued)
             return run, att

@@ -144,7 +144,7 @@ class LedgerCore:
         silently, and a transition so filtered must be refused, not reported done. Without the
         pipeline its row count is checked at once (NotPermitted); in the pipeline, where row counts
         come back only with the replies, the database checks it: the UPDATE runs inside a statement
-        that calls `ggpo_changed(count, what)` (migration 0007), which raises insufficient_privilege
+        that calls `ggpo_changed(count, what)` (migration 0006), which raises insufficient_privilege
         unless one row changed, so the COMMIT fails and the transaction is rolled back whole, at no
         extra wait (NotPermitted too).
 

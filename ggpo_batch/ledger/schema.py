@@ -111,7 +111,7 @@ class Run(Base):
     retries_allowed: Mapped[int] = mapped_column(Integer, default=0)
     estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
     # high | normal | low (ggpo_batch/priorities.py): which RQ queue the run waits on, and its Slurm
-    # nice/QoS (migration 0007).
+    # nice/QoS (migration 0006).
     priority: Mapped[str] = mapped_column(String(PRIORITY_COLUMN_LENGTH), default=DEFAULT_PRIORITY,
                                           server_default=DEFAULT_PRIORITY)
     cause: Mapped[str | None] = mapped_column(Text)
@@ -125,6 +125,9 @@ class Run(Base):
 
     experiment: Mapped[Experiment] = relationship(back_populates="runs", lazy="joined", innerjoin=True)
     attempts: Mapped[list[Attempt]] = relationship(back_populates="run", order_by="Attempt.number", lazy="selectin")
+    # Loaded only where asked for (status's pages): the provenance of the run's attempts, oldest first.
+    provenances: Mapped[list[AttemptProvenance]] = relationship(order_by="AttemptProvenance.attempt_id",
+                                                                lazy="raise", viewonly=True)
 
 
 class Attempt(Base):
@@ -132,7 +135,7 @@ class Attempt(Base):
 
     __tablename__ = "attempts"
     __table_args__ = (UniqueConstraint("run_id", "number", name="uq_attempt_run_number"),
-                      # `costs --since`: the time an attempt's GPU-hours are booked at (migration 0007)
+                      # `costs --since`: the time an attempt's GPU-hours are booked at (migration 0006)
                       Index("ix_attempts_booked_at", text(BOOKED_AT_SQL)))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
@@ -141,7 +144,7 @@ class Attempt(Base):
     executor: Mapped[str] = mapped_column(String(16))
     # What its GPU-hours were spent on (states.ATTEMPT_KINDS): training, the continuation of the
     # run past a time limit (migration 0005; older attempts are training), or an evaluation after
-    # training, whose row `evaluation_id` names (migration 0009).
+    # training, whose row `evaluation_id` names (migration 0008).
     kind: Mapped[str] = mapped_column(String(16), default="training", server_default="training")
     evaluation_id: Mapped[int | None] = mapped_column(ForeignKey("evaluations.id", ondelete="CASCADE"), index=True)
     job_id: Mapped[str | None] = mapped_column(String(64), index=True)
@@ -176,7 +179,7 @@ class Attempt(Base):
 
 class Evaluation(Base):
     """One evaluation of a succeeded run's exported policy on a data file, after training: its
-    outcome set `name` for that run (ggpo_batch/evaluations.py; migration 0009). Its attempts (kind
+    outcome set `name` for that run (ggpo_batch/evaluations.py; migration 0008). Its attempts (kind
     `evaluation`) carry its GPU-hours; the run stays succeeded."""
 
     __tablename__ = "evaluations"
@@ -204,6 +207,41 @@ class Evaluation(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     run: Mapped[Run] = relationship(lazy="joined", innerjoin=True)
+class AttemptProvenance(Base):
+    """What an attempt ran (ggpo_batch/run_provenance.py): code, environment, hardware, spec hash;
+    written by its job, booked by settlement with the attempt's end (migration 0009)."""
+
+    __tablename__ = "attempt_provenance"
+
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)  # without the distributions list
+    # Every installed `name==version`: read only to name the distributions two runs differ in.
+    distributions: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+
+
+class CurvePoint(Base):
+    """One training step of a run's learning curve (ggpo_batch/curve.py): booked in bulk by
+    settlement from the details' history (migration 0009); `attempt_id` is the attempt that booked it."""
+
+    __tablename__ = "curve_points"
+
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    step: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    loop_seconds: Mapped[float | None] = mapped_column(Float)
+    mean_reward: Mapped[float | None] = mapped_column(Float)
+    kl: Mapped[float | None] = mapped_column(Float)
+    loss: Mapped[float | None] = mapped_column(Float)
+    clip_fraction: Mapped[float | None] = mapped_column(Float)
+    tokens_per_second: Mapped[float | None] = mapped_column(Float)
+    gradient_norm: Mapped[float | None] = mapped_column(Float)
+    mean_length: Mapped[float | None] = mapped_column(Float)
+    logprob_gap_mean: Mapped[float | None] = mapped_column(Float)
+    logprob_gap_p99: Mapped[float | None] = mapped_column(Float)
+    is_weight_mean: Mapped[float | None] = mapped_column(Float)
+    weight_sync_seconds: Mapped[float | None] = mapped_column(Float)
+    probe_gap: Mapped[float | None] = mapped_column(Float)
 
 
 class Event(Base):
@@ -280,7 +318,7 @@ class ComponentRun(Base):
 
 
 class Notification(Base):
-    """The outbox (migration 0008): one row per event to tell people about, written in the
+    """The outbox (migration 0007): one row per event to tell people about, written in the
     transaction of the transition it reports, or by reconcile for what it observes; `dedupe_key`
     unique, so each event is recorded once. Reconcile delivers it (ggpo_batch/notify/delivery.py)."""
 

@@ -81,7 +81,7 @@ class RunSummaries(LedgerCore):
 
     def status_runs(self, experiment_id: int, *, states: Iterable[str] | None = None, attention: bool = False,
                     limit: int | None = None) -> Iterator[Run]:
-        """Runs of one experiment with their attempts, `limit` at most. With `attention`, only those
+        """Runs of one experiment with their attempts and provenances, `limit` at most. With `attention`, only those
         that need a look (unfinished, failed, lost, flagged), the worst first; page by page, so a
         listing of every run never holds them all in memory."""
         wanted = list(states) if states is not None else None
@@ -116,7 +116,8 @@ class RunSummaries(LedgerCore):
 
     @staticmethod
     def _runs_query(experiment_id: int, states: list[str] | None):  # type: ignore[no-untyped-def]
-        q = select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.attempts))
+        q = select(Run).where(Run.experiment_id == experiment_id).options(selectinload(Run.attempts),
+                                                                           selectinload(Run.provenances))
         return q.where(Run.state.in_(states)) if states is not None else q
 
     @staticmethod

@@ -95,3 +95,33 @@ def uncommitted(paths: Iterable[str], root: Path | None = REPO_DIR) -> bool | No
     if out is None:
         return None
     return bool(out.strip())
+
+
+def uncommitted_sha256(package: str = "ggpo_batch", root: Path | None = REPO_DIR) -> str | None:
+    """sha256 of the package's uncommitted changes in the checkout (its diff against HEAD, then the
+    name and bytes of each untracked file, compiled files left out); None when it has none, outside
+    a checkout, or when git cannot tell. Two runs with the same commit and this same hash ran the
+    same source."""
+    if root is None:
+        return None
+    diff = _git(root, "diff", "HEAD", "--binary", "--no-color", "--", package)
+    others = _git(root, "ls-files", "-z", "--others", "--exclude-standard", "--", package)
+    if diff is None or others is None:
+        return None
+    h = hashlib.sha256(diff.encode())
+    untracked = sorted(p for p in others.split("\0") if p and not p.endswith((".pyc", ".pyo")) and "__pycache__" not in p)
+    for rel in untracked:
+        h.update(b"\0" + rel.encode() + b"\0")
+        try:
+            h.update((root / rel).read_bytes())
+        except OSError:
+            h.update(b"<unreadable>")
+    return h.hexdigest() if diff or untracked else None
+
+
+def checkout_code() -> dict[str, str | None] | None:
+    """The code of the checkout the package runs from: its commit and the hash of the package's
+    uncommitted changes (`uncommitted_sha256`); None when the package runs from an installed wheel."""
+    if REPO_DIR is None:
+        return None
+    return {"commit": git_commit(REPO_DIR), "uncommitted_sha256": uncommitted_sha256(root=REPO_DIR)}

@@ -13,7 +13,8 @@ Outcomes (`ggpo_batch/outcome.py`: the evaluation's rewards, booked per run by s
 summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_method` says which:
 `stats.py`), and differenced against the baseline arm paired by seed, on the same items: an arm's
 reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
-what makes the arms not comparable (`fairness.comparability_warnings`); a report on a fair
+what makes the arms not comparable (`fairness.comparability_warnings`, and
+`provenance_checks`: runs that ran other code, environment or hardware); a report on a fair
 experiment has none. `compare.compare_reports` puts two reports side by side.
 
 Outcome sets: the figures come from the training allocation's own evaluation (`outcome_set`
@@ -43,6 +44,7 @@ from ..run_record import audit_failed, budget_reconciled
 from ..states import ATTEMPT_KIND_EVALUATION, TRAINING_ATTEMPT_KINDS
 from . import stats
 from .fairness import comparability_warnings, notes
+from .provenance_checks import provenance_notes, provenance_warnings
 from .status import decision_row
 
 EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advantage", "shared_groups",
@@ -254,6 +256,9 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
     runs = ledger.runs(experiment_id=exp.id) if exp is not None else []
     outcome_set, outcome_sets, by_run = _outcomes(ledger, exp, outcomes)
     rows = [_per_run(r, by_run.get(r.id)) for r in runs]
+    provenance = ledger.latest_provenance(r.id for r in runs) if runs else {}
+    for run, row in zip(runs, rows):
+        row["provenance_attempt"], row["provenance"] = provenance.get(run.id, (None, None))
     by_arm: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run, row in zip(runs, rows):
         by_arm[run.arm].append(row)
@@ -275,8 +280,8 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "outcome_set": outcome_set,  # whose figures `outcome` shows ("training": the allocation's own)
         "outcome_sets": outcome_sets,
         "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
-        if runs else [],
-        "notes": notes(by_arm),
+        + provenance_warnings(by_arm, ledger.distributions) if runs else [],
+        "notes": notes(by_arm) + provenance_notes(by_arm),
         "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
         "paired_vs_baseline": _paired(by_arm, baseline) if has_baseline else {},
         "totals": {

@@ -37,7 +37,8 @@ def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float 
     an evaluation after training, whose attempts count too). The last attempt's heartbeat (None
     before its first) and, for a running run, how long it has been silent and whether that makes it
     hung (`heartbeat.is_hung`, `hung_after` seconds). `evaluations`: run id -> its evaluations after
-    training (name, state), listed beside the run (`Ledger.evaluation_states`)."""
+    training (name, state), listed beside the run (`Ledger.evaluation_states`). Its provenance
+    (run_provenance.py, that of its latest attempt that has one) comes in `extra`."""
     atts = list(run.attempts)
     costs = [_attempt_cost(a) for a in atts]
     spent = [c for c in costs if c is not None]
@@ -68,6 +69,7 @@ def run_row(run: Run, extra: dict[str, Any] | None = None, *, hung_after: float 
         "audit_failed": audit_failed(run.result),
         "budget_reconciled": budget_reconciled(run.result) if run.result else None,
         "evaluations": [{"name": n, "state": st} for n, st in (evaluations or {}).get(run.id, ())],
+        "provenance": None,
     }
     row.update(_liveness(run, last, hung_after, time.time() if now is None else now))
     if extra:
@@ -224,22 +226,27 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
         yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None, live=live)
 
 
+def _provenance(run: Run, extra: dict[str, Any] | None) -> dict[str, Any]:
+    """`extra` with the run's provenance (status_runs loaded its provenances)."""
+    return {**(extra or {}), "provenance": run.provenances[-1].document if run.provenances else None}
+
+
 def _rows(runs: Iterator[Run], queue: str, positions: Positions | None, *, bounded: bool,
           live: dict[str, Any]) -> Iterator[dict[str, Any]]:
     if positions is None:
-        yield from (run_row(r, **live) for r in runs)
+        yield from (run_row(r, _provenance(r, None), **live) for r in runs)
         return
     if bounded:  # a page: ask Redis about exactly its queued runs
         page = list(runs)
         queued = [r.run_key for r in page if r.state == "queued"]
         extra = positions(queue, queued) if queued else {}
-        yield from (run_row(r, extra.get(r.run_key), **live) for r in page)
+        yield from (run_row(r, _provenance(r, extra.get(r.run_key)), **live) for r in page)
         return
     extra_all: dict[str, dict[str, Any]] | None = None  # every run: read Redis' id lists once
     for r in runs:
         if r.state == "queued" and extra_all is None:
             extra_all = positions(queue, None)
-        yield run_row(r, (extra_all or {}).get(r.run_key), **live)
+        yield run_row(r, _provenance(r, (extra_all or {}).get(r.run_key)), **live)
 
 
 def experiment_status(ledger: Ledger, **kwargs: Any) -> list[dict[str, Any]]:

@@ -44,9 +44,8 @@ from ..allocation import (
     save_deadline,
     time_limit_path,
 )
-from ..config import mlflow_uri
+from ..config import image_digest, mlflow_uri
 from ..errors import GgpoError
-from ..heartbeat import Heartbeat, write_heartbeat
 from ..masking import mask_logging
 from ..netutil import free_port
 from ..run_record import entry_key, require_valid
@@ -54,13 +53,9 @@ from ..runspec import RunSpec
 from ..tracking import tracking_state
 from .config import TrainConfig
 from .deepspeed_import import import_deepspeed
+from .live_progress import Progress, record_rates
 
 log = logging.getLogger(__name__)
-# Seconds between two heartbeats (and MLflow writes) at most; every step in between is still logged.
-HEARTBEAT_EVERY_SECONDS = 5.0
-# Step figures kept in MLflow from the history entry of each step.
-_STEP_METRICS = ("loss", "gradient_norm", "retained_groups", "raw_gap", "mean_length", "loop_seconds",
-                 "logprob_gap_mean", "logprob_gap_p99", "clip_fraction", "kl")
 
 
 class Preempted(GgpoError):
@@ -116,57 +111,30 @@ def init_process_group(cuda: bool) -> None:
     import_deepspeed(cuda).init_distributed(dist_backend="nccl" if cuda else "gloo", auto_mpi_discovery=False)
 
 
-class Progress:
-    """Rank 0's live view of the run: the heartbeat in the attempt folder and, when tracking is on,
-    the step metrics of the attempt's MLflow run (ggpo_batch/tracking.py), both written after a step
-    at most every HEARTBEAT_EVERY_SECONDS and at every phase boundary. From the loop itself, not a
-    timer: a job stuck in a collective stops beating, and status flags it hung."""
-
-    def __init__(self, folder: Path, budget_seconds: float, tracking: Any = None) -> None:
-        self.folder, self.budget_seconds, self.tracking = folder, budget_seconds, tracking
-        self.pending: list[dict[str, Any]] = []
-        self.mean_reward: float | None = None
-        self.tokens_per_second: float | None = None
-        self._written = 0.0
-
-    def step(self, st: Any, mean_reward: float | None, tokens_per_second: float | None) -> None:
-        """After a step: its figures are queued for MLflow, the heartbeat written when due."""
-        self.mean_reward, self.tokens_per_second = mean_reward, tokens_per_second
-        last = st.history[-1] if st.history else {}
-        self.pending.append({"step": st.step, **{k: last.get(k) for k in _STEP_METRICS},
-                             "mean_reward": mean_reward, "tokens_per_second": tokens_per_second})
-        if time.monotonic() - self._written >= HEARTBEAT_EVERY_SECONDS:
-            self.beat(st)
-
-    def beat(self, st: Any) -> None:
-        """Write the heartbeat now (and the queued step metrics)."""
-        hb = Heartbeat(step=st.step, loop_seconds=st.loop_seconds, budget_seconds=self.budget_seconds,
-                       mean_reward=self.mean_reward, tokens_per_second=self.tokens_per_second, updated_at=time.time())
-        try:
-            write_heartbeat(self.folder, hb)
-        except OSError as exc:  # a full or read-only disk costs the live view, never the run
-            log.warning("heartbeat not written to %s: %s", self.folder, exc)
-        self._written = time.monotonic()
-        if self.tracking is not None and self.pending:
-            self.tracking.log_steps(self.pending)
-        self.pending = []
-
-    def end(self, status: str, files: tuple[Path, ...] = ()) -> None:
-        """The attempt ended (FINISHED with its record, KILLED on a preemption, FAILED)."""
-        if self.tracking is None:
-            return
-        if status == "FINISHED":
-            self.tracking.finish(files)
-        else:
-            self.tracking.stop(status)
-
-
 def _step_figures(trainer: Any, tokens_before: int) -> list[float]:
     """This rank's share of the last step's figures, summed over ranks with the stop flag:
     reward sum, trajectories, generated tokens."""
     rewards = [t.reward for t in trainer.evidence[-1].trajectories] if trainer.evidence else []
     return [float(sum(rewards)), float(len(rewards)),
             float(trainer.state.tally["backend_generated_tokens"] - tokens_before)]
+
+
+def _provenance(spec_json: str, config_hash: str, *, cuda: bool, world: int, under_submitit: bool,
+                folder: Path) -> dict[str, Any] | None:
+    """Rank 0: this attempt's provenance (ggpo_batch/run_provenance.py) from what the job reads of its
+    own environment, written into the attempt folder at once (a run that fails later still has it).
+    A probe that breaks costs the record its provenance, never the run its allocation."""
+    from ..run_provenance import collect, write_provenance
+
+    try:
+        nodes = list(submitit.JobEnvironment().hostnames) if under_submitit else [socket.gethostname()]
+        doc = collect(spec_json, config_hash=config_hash, cuda=cuda, world_size=world, nodes=nodes,
+                      visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"), image_digest=image_digest())
+        write_provenance(folder, doc)
+    except Exception as exc:  # noqa: BLE001
+        log.warning("provenance not recorded: %s: %s", type(exc).__name__, exc)
+        return None
+    return doc
 
 
 def _nodes(world: int) -> int:
@@ -264,7 +232,11 @@ class TrainingJob(submitit.helpers.Checkpointable):
         trainer = Trainer(spec, cfg, rank=rank, world=world, device=device,
                           budget_seconds=spec.loop_budget_seconds)
         progress: Progress | None = None
+        provenance = None
         try:
+            if rank == 0:
+                provenance = _provenance(self.spec_json, spec.config_hash, cuda=cuda, world=world,
+                                         under_submitit=under_submitit, folder=output.parent)
             meta = trainer.load(ckpt, nodes=nodes)
             resumed = meta is not None
             # The allocations before this one, each up to the checkpoint it handed on: the record
@@ -277,7 +249,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
 
                 progress = Progress(output.parent, spec.loop_budget_seconds,
                                     Tracking.start(mlflow_uri(), spec, output))
-                progress.beat(trainer.state)
+                progress.begin(trainer.state)
             # Opening the MLflow run (a new SQLite store builds its schema: seconds) stays out of the
             # loop: the other ranks wait here, not inside the first step's collectives.
             dist.barrier()
@@ -292,10 +264,11 @@ class TrainingJob(submitit.helpers.Checkpointable):
                                     *_step_figures(trainer, tokens_before)], dtype=torch.float64, device=device)
                 dist.all_reduce(red, op=dist.ReduceOp.SUM)
                 stop, time_up = float(red[0]) > 0, float(red[1]) > 0
+                seconds = trainer.state.last_batch_seconds
+                rates = (float(red[2] / red[3]) if red[3] else None, float(red[4]) / seconds if seconds > 0 else None)
+                record_rates(trainer.state.history, *rates)
                 if progress is not None:
-                    seconds = trainer.state.last_batch_seconds
-                    progress.step(trainer.state, float(red[2] / red[3]) if red[3] else None,
-                                  float(red[4]) / seconds if seconds > 0 else None)
+                    progress.step(trainer.state, *rates)
                 # At the time limit a run that will continue stops even with its loop done: export,
                 # audit and evaluation may not fit before the kill; its continuation does them.
                 out_of_time = time_up and (not done or spec.continue_on_timeout)
@@ -356,7 +329,7 @@ class TrainingJob(submitit.helpers.Checkpointable):
                                                       "elapsed_seconds": own_elapsed}],
                            "allocation_elapsed_seconds": own_elapsed,
                            "zero_stage": cfg.zero_stage, "under_submitit": under_submitit,
-                           "rank_policy_sha256": rank_digests,
+                           "rank_policy_sha256": rank_digests, "provenance": provenance,
                            # The trained policy as a Hugging Face directory (from_pretrained loads it).
                            "policy_dir": str(policy_dir(output)), "policy_sha256": policy_sha256,
                            "model": {"path": cfg.model.path, "resolved": str(trainer.model_dir),

@@ -12,7 +12,7 @@ import pytest
 from ggpo_batch.allocation import attempt_folder
 from tests.dashboard.conftest import Browsed
 from tests.dashboard.server import Dashboard, cli_env, get, ggpo
-from tests.support.services import wipe_pg
+from tests.support.services import REDIS_URL, wipe_pg
 
 pytestmark = [pytest.mark.browser, pytest.mark.postgres, pytest.mark.redis, pytest.mark.slow]  # 10 s and more
 
@@ -90,7 +90,8 @@ def test_no_route_shows_a_secret_but_the_text_around_it_is_shown(leaky: tuple[Da
             assert secret not in body, (route, secret)
     run_page = bodies["/runs/{key}"]
     assert "ledger lost: postgresql+psycopg://postgres:***@127.0.0.1:5432/" in run_page  # cause and event reason
-    assert "connecting to redis://:***@127.0.0.1:6379/" in run_page and "bare *** and ***" in run_page  # the log
+    redis_host = REDIS_URL.split("://", 1)[1].rstrip("/")  # the test Redis (GGPO_TEST_REDIS_URL)
+    assert f"connecting to redis://:***@{redis_host}/" in run_page and "bare *** and ***" in run_page  # the log
     assert "warning: ***" in run_page
     assert "(token ***)" in bodies["/api/runs/{key}"] and "(token ***)" in bodies["/api/status?runs=1"]
 

@@ -103,6 +103,9 @@ def test_two_node_run_through_enqueue_worker_and_slurm_succeeds_and_books_nodes_
     details = json.loads(details_path(attempt_folder(settings.jobs_dir, key, att.number)).read_text())
     assert details["world_size"] == NODES * GPUS_PER_NODE and details["under_submitit"] is True
     assert len(set(details["rank_policy_sha256"])) == 1 and len(details["rank_policy_sha256"]) == 4
+    # its provenance names the allocation's nodes as Slurm gave them, and is booked on the attempt
+    assert details["provenance"]["hardware"]["nodes"] == nodes and details["provenance"]["hardware"]["world_size"] == 4
+    assert ledger.attempt_provenance([att.id])[att.id]["hardware"]["nodes"] == nodes
     print(f"\n[2 nodes] job {att.job_id} on {nodes}: AllocTRES {acct['AllocTRES']}, {att.elapsed_seconds:.0f} s, "
           f"{att.gpu_hours_scheduler:.5f} GPU-h booked (= {NODES} x {GPUS_PER_NODE} x {att.elapsed_seconds:.0f} / 3600)")
 

@@ -113,12 +113,13 @@ def _group_alive(pgid: int) -> bool:
 
 
 def run_burst_worker(args: list[str], env: dict[str, str], *, timeout: float,
-                     verbose: bool = False) -> subprocess.CompletedProcess[bytes]:
+                     verbose: bool = False, cwd: Path | None = None) -> subprocess.CompletedProcess[bytes]:
     """`ggpo-batch worker --burst ARGS` to its end. Past `timeout`, the worker and a debug payload's
     process are asked where they are (SIGQUIT: the worker's faulthandler prints every thread's
-    stack, and the payload's process inherits it), then killed, and the test fails with that output instead of a bare timeout."""
+    stack, and the payload's process inherits it), then killed, and the test fails with that output instead of a bare timeout.
+    `cwd`: where it runs (`python -m` imports the package from there first)."""
     proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", *(["-v"] if verbose else []), "worker", "--burst",
-                             *args], env=env,
+                             *args], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

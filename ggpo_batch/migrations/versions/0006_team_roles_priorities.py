@@ -20,7 +20,7 @@ permissions).
   The owner of the tables (who runs `db upgrade`) and superusers bypass row-level security.
   SQLite has no roles: nothing of this applies there.
 
-Revision ID: 0007
+Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-05
 """
@@ -30,7 +30,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0007'
+revision = '0006'
 down_revision = '0005'
 branch_labels = None
 depends_on = None

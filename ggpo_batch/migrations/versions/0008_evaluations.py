@@ -2,8 +2,8 @@
 outcome and record), and `attempts.evaluation_id` naming the evaluation an attempt of kind
 `evaluation` spent its GPU-hours on. Older attempts have none (NULL).
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-05
 """
 
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0009'
-down_revision = '0008'
+revision = '0008'
+down_revision = '0007'
 branch_labels = None
 depends_on = None
 
@@ -52,12 +52,12 @@ def upgrade() -> None:
 
 def _keep_booked_at_index() -> None:
     """On SQLite a batch operation copies `attempts` into a new table, and SQLAlchemy does not reflect
-    the expression index of migration 0007 (`costs --since` reads attempts through it): made again."""
+    the expression index of migration 0006 (`costs --since` reads attempts through it): made again."""
     if op.get_bind().dialect.name == 'sqlite':
         op.execute("CREATE INDEX IF NOT EXISTS ix_attempts_booked_at ON attempts (coalesce(ended_at, created_at))")
 
 
-# The team's roles (migration 0007, ggpo_batch/identity.py): a member queues, cancels and retries by
+# The team's roles (migration 0006, ggpo_batch/identity.py): a member queues, cancels and retries by
 # hand the evaluations of the experiments they may manage (ggpo_may_manage, as for runs); the
 # service (the worker, reconcile) moves any; everyone granted SELECT reads every row.
 MEMBER, SERVICE = "ggpo_member", "ggpo_service"

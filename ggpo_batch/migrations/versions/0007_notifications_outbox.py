@@ -3,8 +3,8 @@ the transaction of the transition it reports, or by reconcile for what it observ
 unique, so each event is recorded once), and `notification_deliveries`, each one's tries and
 outcome per sink (a webhook, an e-mail relay). ggpo_batch/notify/ delivers them.
 
-Revision ID: 0008
-Revises: 0007
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-10
 """
 
@@ -13,8 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = '0008'
-down_revision = '0007'
+revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 
@@ -53,7 +53,7 @@ def upgrade() -> None:
         _grant()
 
 
-# The team's group roles (migration 0007, ggpo_batch/identity.py): a member's transition (a cancel, a
+# The team's group roles (migration 0006, ggpo_batch/identity.py): a member's transition (a cancel, a
 # decision) writes its notification in the same transaction, and anyone may read the outbox; the
 # service (reconcile) records what it observes and delivers.
 MEMBER, SERVICE = "ggpo_member", "ggpo_service"
