@@ -119,3 +119,15 @@ def allocation_start() -> float:
         return time.time()
     now = time.time()
     return start if 0 <= now - start < 7 * 24 * 3600 else now
+
+
+# The digest of the container image the allocation runs in (e.g. sha256:...), set by whoever starts
+# it (the Dockerfile's header says how), not a setting of ggpo-batch's: read by the job at its start
+# and recorded in each attempt's provenance (run_provenance.py).
+IMAGE_DIGEST_ENV = "GGPO_IMAGE_DIGEST"
+
+
+def image_digest() -> str | None:
+    """The container image digest of this allocation, or None outside an image."""
+    digest = os.environ.get(IMAGE_DIGEST_ENV, "").strip()
+    return digest[:200] or None

@@ -244,17 +244,6 @@ def _notify(env: Mapping[str, str]) -> NotifyTargets:
 # The environment a training job reads too (the allocation inherits the worker's environment).
 MLFLOW_URI_ENV = "GGPO_MLFLOW_URI"
 HUNG_AFTER_ENV = "GGPO_HUNG_AFTER_SECONDS"
-# The digest of the container image the allocation runs in (e.g. sha256:...), set by whoever starts
-# it (the Dockerfile's header says how); recorded in each attempt's provenance (run_provenance.py).
-IMAGE_DIGEST_ENV = "GGPO_IMAGE_DIGEST"
-
-
-def image_digest(env: Mapping[str, str] | None = None) -> str | None:
-    """The container image digest from `env` (default: os.environ), or None outside an image."""
-    env = os.environ if env is None else env
-    digest = env.get(IMAGE_DIGEST_ENV, "").strip()
-    return digest[:200] or None
-
 
 def mlflow_uri(env: Mapping[str, str] | None = None) -> str | None:
     """The MLflow tracking URI from `env` (default: `environment()`), or None: tracking off."""

@@ -27,6 +27,7 @@ from ggpo_batch.allocation import attempt_folder
 from ggpo_batch.joblogs import log_path
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
+from ggpo_batch.schemas import SCHEMAS
 from tests.dashboard.server import Dashboard, get
 from tests.support.paths import REPO
 from tests.support.processes import ggpo_measured, unprivileged, unprivileged_prefix
@@ -107,7 +108,7 @@ def test_links_out_fifos_and_devices_are_refused_one_line_each_the_rest_shown(le
         assert SECRET_TEXT not in res.stdout
         assert res.stdout.count("rank 0 says hello") == 2  # rank 0's file and rank 2's link to it
     doc = json.loads(_logs("--json").stdout)
-    assert doc["schema"] == 2 and doc["ranks"] == [0, 1, 2]
+    assert doc["schema"] == SCHEMAS["logs"].number and doc["ranks"] == [0, 1, 2]
     problems = {Path(f["path"]).name: f["problem"] for f in doc["files"]}
     assert problems[f"{JOB}_0_log.out"] is None and "outside the attempt folder" in problems[f"{JOB}_0_log.err"]
     assert "FIFO" in problems[f"{JOB}_1_log.out"] and problems[f"{JOB}_2_log.err"] is None
@@ -215,7 +216,7 @@ def test_the_run_page_and_its_api_apply_the_same_rules_within_their_time(led, en
         code, body = get(f"{dash.url}/api/runs/{KEY}")
         assert code == 200 and time.monotonic() - t0 < 20, (code, body[:500])
         doc = json.loads(body)
-        assert doc["schema"] == 2
+        assert doc["schema"] == SCHEMAS["dashboard_run"].number
         logs = {entry["name"]: entry for entry in doc["attempts"][0]["logs"]}
         for path in refused.values():
             assert logs[path.name]["problem"] and logs[path.name]["tail"] == "", logs[path.name]

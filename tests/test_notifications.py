@@ -283,12 +283,14 @@ def test_a_dead_sink_costs_a_pass_one_timeout_and_a_transition_nothing(  # type:
         assert per_transition < TIMEOUT, per_transition
         took = _pass(dead)
         assert len(web_hole.accepted) == 1 and len(mail_hole.accepted) == 1
-        assert took < 2 * TIMEOUT + 2.0, f"a pass with two hanging sinks took {took:.2f} s"
+        # One connection a sink (above) is what a per-pass breaker buys; the times only bound the pass
+        # (one timeout a sink, with room for a loaded machine: 10 notices a timeout each would be 10 s).
+        assert took < 2 * TIMEOUT + 3.0, f"a pass with two hanging sinks took {took:.2f} s"
         again = _pass(dead)
         assert again < 1.0 and len(web_hole.accepted) == 1 and len(mail_hole.accepted) == 1
         # One hanging sink alone (another URL: not in back-off yet) is tried once in a pass, not once a notice.
         took = _pass(one_dead)
-        assert len(web_hole.accepted) == 2 and took < TIMEOUT + 2.0, took
+        assert len(web_hole.accepted) == 2 and took < TIMEOUT + 3.0, took
     assert backoff(1, 60).total_seconds() == 60 and backoff(3, 60).total_seconds() == 240
     assert backoff(20, 60).total_seconds() == 3600
 

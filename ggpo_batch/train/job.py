@@ -40,11 +40,12 @@ from ..allocation import (
     TIME_LIMIT_EXIT_CODE,
     allocation_start,
     details_of,
+    image_digest,
     policy_of,
     save_deadline,
     time_limit_path,
 )
-from ..config import image_digest, mlflow_uri
+from ..config import mlflow_uri
 from ..errors import GgpoError
 from ..masking import mask_logging
 from ..netutil import free_port

