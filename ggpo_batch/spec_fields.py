@@ -171,8 +171,8 @@ FIELDS: tuple[Field, ...] = (
       rule="more than 1 needs `executor = \"slurm\"`; must match the Slurm profile's"),
     F("experiment.loop_budget_seconds", "number", 2700.0, "The training loop's time budget, the same for every arm.",
       lo=0, hi=DAYS_30, open_lo=True),
-    F("experiment.executor", "string", "slurm", "Where runs are allocated: a Slurm cluster, this machine's "
-      "processes, or in the worker's own process (tests).", choices=("slurm", "local", "debug")),
+    F("experiment.executor", "string", "slurm", "Where runs are allocated: a Slurm cluster, processes on this "
+      "machine, or a process the worker forks for it (tests).", choices=("slurm", "local", "debug")),
     F("experiment.profile", "string", "default", "The Slurm profile: `NAME.toml` in "
       "`~/.config/ggpo-batch/profiles/`, `/etc/ggpo-batch/profiles/`, then the packaged ones.", rule=_NAME),
     F("experiment.max_gpu_hours", "number", None, "The cost guard refuses an experiment estimated over this.",

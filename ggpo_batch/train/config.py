@@ -76,7 +76,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """`[train.data]`: JSONL files (format in README, "Real models and data"). Exposure arms take
+    """`[train.data]`: JSONL files (format in docs/researcher.md, "Real models and data"). Exposure arms take
     their held-out items from `eval`."""
 
     train: str
