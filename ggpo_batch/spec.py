@@ -230,10 +230,12 @@ def _value(p: str, where: str, table: Mapping[str, Any], key: str, pattern: re.P
     value = table.get(f.name, spec_fields.default(key))
     if value is None:
         return None
+    lo = f.lo if f.lo is not None else -math.inf
+    hi = f.hi if f.hi is not None else math.inf
     if f.type == "integer":
-        return _int(p, at, value, int(f.lo or 0), int(f.hi or limits.INT_MAX))
+        return _int(p, at, value, int(max(lo, -limits.INT_MAX)), int(min(hi, limits.INT_MAX)))
     if f.type == "number":
-        return _num(p, at, value, f.lo or 0.0, f.hi or limits.GPU_HOURS_MAX, open_lo=f.open_lo)
+        return _num(p, at, value, lo, hi, open_lo=f.open_lo)
     if f.type == "boolean":
         return _bool(p, at, value)
     return _str(p, at, value, pattern, f.choices)
