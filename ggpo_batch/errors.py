@@ -3,11 +3,31 @@ anything else reaching the user is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
+# The exit codes of every command: their one home (docs/reference/commands.md is generated from it).
+EXIT_DONE = 0
+EXIT_FAILED = 1  # click's own for a ClickException
+EXIT_BAD_INPUT = 2
+EXIT_OVER_CAP = 3
+EXIT_UNAVAILABLE = 4
+EXIT_NOTHING_YET = 5
+EXIT_NOT_PERMITTED = 6
+EXIT_CODES: dict[int, str] = {
+    EXIT_DONE: "done",
+    EXIT_FAILED: "the work itself failed",
+    EXIT_BAD_INPUT: "bad input: one line naming the file, the field and what is wrong; no traceback; nothing written",
+    EXIT_OVER_CAP: "over a GPU-hour cap: recorded as a `not_reproduced_high_cost` decision, nothing queued "
+                   "(`--accept-cost --reason` overrides)",
+    EXIT_UNAVAILABLE: "a service (database, Redis) is unreachable, or the ledger cannot be used; try again later",
+    EXIT_NOTHING_YET: "nothing to show yet (`logs` of an attempt that has no log yet)",
+    EXIT_NOT_PERMITTED: "not permitted: a writing command on a ledger that is read-only to you, acting as someone "
+                        "else, or on another person's experiment on a team ledger; refused before it does anything",
+}
+
 
 class GgpoError(Exception):
     """A failure with a message meant for the user."""
 
-    exit_code = 2
+    exit_code = EXIT_BAD_INPUT
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -52,13 +72,13 @@ class ExecutorError(GgpoError):
 class Unavailable(GgpoError):
     """A service or a file the ledger needs cannot be used (unreachable, read-only, damaged): exit 4."""
 
-    exit_code = 4
+    exit_code = EXIT_UNAVAILABLE
 
 
 class CostCapExceeded(GgpoError):
     """A spec's estimated GPU-hours are over a cap; nothing was queued."""
 
-    exit_code = 3
+    exit_code = EXIT_OVER_CAP
 
 
 class NotPermitted(GgpoError):
@@ -66,7 +86,7 @@ class NotPermitted(GgpoError):
     their team's grants), refused before anything changed: exit 6. The message says what was
     refused and why, in one line: "not permitted: <what>, <why>"."""
 
-    exit_code = 6
+    exit_code = EXIT_NOT_PERMITTED
 
     def __init__(self, what: str, why: str) -> None:
         self.what = what

@@ -18,20 +18,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import limits
+from . import limits, spec_fields
 from .errors import GgpoError, SpecError
 from .runspec import RunSpec
 
 EVALUATION_SPEC_VERSION = 1
 # The version of the evaluation record an evaluation's job writes (its table: train/eval_job.py).
 EVALUATION_RECORD_VERSION = 1
-DEFAULT_EVALUATION_GPUS = 1
-MAX_EVALUATION_GPUS = 64
+DEFAULT_EVALUATION_GPUS = spec_fields.default("evaluations[].gpus")
+MAX_EVALUATION_GPUS = spec_fields.most("evaluations[].gpus")
 # The outcome set a run's training allocation evaluated itself on (runs.outcome): `report`'s default,
 # a name no evaluation after training may take.
 TRAINING_OUTCOME_SET = "training"
-_REQUEST_KEYS = {"name", "data", "gpus"}
-MAX_EVALUATIONS = 16  # [[evaluations]] entries in one spec
+_REQUEST_KEYS = spec_fields.keys("evaluations[]")
+MAX_EVALUATIONS = spec_fields.most("evaluations")  # [[evaluations]] entries in one spec
 
 
 def evaluation_key(run_key: str, name: str) -> str:

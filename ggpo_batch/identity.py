@@ -10,7 +10,7 @@ write the file by hand anyway). Anyone else naming someone else is refused (exit
 GGPO_USER no longer escapes a per-user cap or a permission.
 
 The group roles of a team ledger are named here and created by migration 0006, which also holds
-the grants and row-level security policies that enforce what each may do (README: Roles and
+the grants and row-level security policies that enforce what each may do (docs/operator.md: Roles and
 permissions).
 """
 

@@ -83,7 +83,7 @@ def default_name(path: Path) -> str:
 def _outcome(rec: dict[str, Any]) -> str:
     """A valid record is a run whose allocation finished: `succeeded`, as settlement books a run that
     wrote one. Its stamps stay in the stored result, where `status` and `report` show a failed rollout
-    audit or a budget/exposure short of target apart from clean runs (README, the ggpo section)."""
+    audit or a budget/exposure short of target apart from clean runs (docs/how-it-works.md, the stamps)."""
     return "succeeded"
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import GgpoError, NotPermitted
+from .errors import EXIT_NOTHING_YET, GgpoError, NotPermitted
 from .ledger.schema import Attempt, Run
 from .states import ATTEMPT_FINAL
 from .untrusted_files import (
@@ -67,7 +67,7 @@ class NoLog(GgpoError):
     """The attempt has no log to show (yet): not an error of the command, nothing to read. Exit 5, so
     a script can tell "try again later" from a bad run key (2)."""
 
-    exit_code = 5
+    exit_code = EXIT_NOTHING_YET
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 from .accounting import gpu_hours
 from .errors import RecordError
 
-# The stamps, and the one status each becomes when the check behind it fails (README, the ggpo section).
+# The stamps, and the one status each becomes when the check behind it fails (docs/how-it-works.md, the stamps).
 # training.status: the independent rollout audit (ggpo_batch/train/audit.py) found no problem / found some.
 TRAINING_STATUS_VALIDATED = "REAL_ROLLOUT_MASK_AND_ADVANTAGE_VALIDATED"
 TRAINING_STATUS_AUDIT_FAILED = "ROLLOUT_AUDIT_FAILED"

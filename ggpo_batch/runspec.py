@@ -12,12 +12,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import spec_fields
 from .accounting import allocated_gpus
 from .errors import GgpoError
 
 RUN_SPEC_VERSION = 1
 
-EXPOSURES = ("none", "paired", "random")
+EXPOSURES: tuple[str, ...] = spec_fields.field("arms.<arm>.exposure").choices
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,10 @@ class ArmSpec:
     """
 
     name: str
-    exposure: str = "none"
-    exposed_items: int = 0
+    exposure: str = spec_fields.default("arms.<arm>.exposure")
+    exposed_items: int = spec_fields.default("arms.<arm>.exposed_items")
     templates: tuple[str, ...] = ()
-    auxiliary_answer_loss: bool = False
+    auxiliary_answer_loss: bool = spec_fields.default("arms.<arm>.auxiliary_answer_loss")
 
     @property
     def target_exposed(self) -> int:
@@ -45,13 +46,13 @@ class ArmSpec:
 _NOT_CONFIG = frozenset({"executor", "profile", "retries", "run_key", "experiment_version", "continue_on_timeout",
                          "max_continuations", "keep_checkpoints", "evaluations"})
 # Continuations of a run past its time limit allowed by default (with continue_on_timeout).
-DEFAULT_MAX_CONTINUATIONS = 3
+DEFAULT_MAX_CONTINUATIONS: int = spec_fields.default("experiment.max_continuations")
 
 
 # The defaults of RunSpec.lifecycle(): a run spec and an experiment spec leave a key out at its
 # default, so run specs and spec hashes made before these keys existed stay the same.
-LIFECYCLE_DEFAULTS = {"continue_on_timeout": False, "max_continuations": DEFAULT_MAX_CONTINUATIONS,
-                      "keep_checkpoints": False}
+LIFECYCLE_DEFAULTS = {key: spec_fields.default(f"experiment.{key}") for key in
+                      ("continue_on_timeout", "max_continuations", "keep_checkpoints")}
 
 
 def config_hash(run_spec: Mapping[str, Any]) -> str:

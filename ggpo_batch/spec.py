@@ -16,50 +16,38 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import limits
+from . import limits, spec_fields
 from .accounting import allocated_gpus
 from .errors import SpecError
 from .evaluation_spec import EvaluationRequest, parse_evaluations, spec_requests
 from .executor import EXECUTOR_NAMES
-from .priorities import DEFAULT_PRIORITY, PRIORITIES
-from .runspec import (
-    DEFAULT_MAX_CONTINUATIONS,
-    EXPOSURES,
-    LIFECYCLE_DEFAULTS,
-    ArmSpec,
-    RunSpec,
-)
+from .runspec import LIFECYCLE_DEFAULTS, ArmSpec, RunSpec
 
-SPEC_SCHEMA = 1
-METHODS = ("ggpo",)
+SPEC_SCHEMA = spec_fields.default("schema")
+METHODS = spec_fields.field("experiment.method").choices
 MAX_SPEC_BYTES = limits.SPEC_MAX_BYTES
-MAX_SEEDS = 1000
-MAX_ARMS = 64
-MAX_GPUS = 64  # per node
-MAX_NODES = 64
-MAX_BUDGET_SECONDS = 30 * 24 * 3600.0
-MAX_RETRIES = 10
-MAX_CONTINUATIONS = 100
+MAX_SEEDS = spec_fields.most("experiment.seeds")
+MAX_ARMS = spec_fields.most("arms")
+MAX_BUDGET_SECONDS = spec_fields.DAYS_30
 
 NAME = limits.NAME
 ARM_NAME = limits.ARM_NAME  # no '-': run keys split on it
 
-_EXPERIMENT_KEYS = {"name", "method", "description", "seeds", "gpus", "nodes", "loop_budget_seconds", "executor", "profile",
-                    "max_gpu_hours", "retries", "queue", "continue_on_timeout", "max_continuations",
-                    "keep_checkpoints", "priority"}
-
-_OVERHEAD_KEYS = {"setup_export_seconds", "audit_seconds", "evaluation_seconds"}
-_ARM_KEYS = {"exposure", "exposed_items", "templates", "auxiliary_answer_loss"}
-_TOP_KEYS = {"schema", "experiment", "overheads", "train", "arms", "evaluations"}
+# The keys each table may hold, their defaults and bounds: the spec's field table (spec_fields.py).
+_EXPERIMENT_KEYS = spec_fields.keys("experiment")
+_OVERHEAD_KEYS = spec_fields.keys("overheads")
+_ARM_KEYS = spec_fields.keys("arms.<arm>")
+_TOP_KEYS = spec_fields.keys("")
+_D = spec_fields.default
 
 
 @dataclass(frozen=True)
 class Overheads:
     """Seconds outside the loop budget but inside the allocation (used by the cost estimate)."""
 
-    setup_export_seconds: float = 600.0
-    audit_seconds: float = 30.0
-    evaluation_seconds: float = 60.0
+    setup_export_seconds: float = _D("overheads.setup_export_seconds")
+    audit_seconds: float = _D("overheads.audit_seconds")
+    evaluation_seconds: float = _D("overheads.evaluation_seconds")
 
     @property
     def total_seconds(self) -> float:
@@ -75,24 +63,24 @@ class ExperimentSpec:
     method: str
     seeds: tuple[int, ...]
     arms: tuple[ArmSpec, ...]
-    gpus: int = 4  # per node
-    loop_budget_seconds: float = 2700.0
-    executor: str = "slurm"
-    profile: str = "default"
-    max_gpu_hours: float | None = None
-    retries: int = 0
-    queue: str | None = None
-    description: str = ""
+    gpus: int = _D("experiment.gpus")  # per node
+    loop_budget_seconds: float = _D("experiment.loop_budget_seconds")
+    executor: str = _D("experiment.executor")
+    profile: str = _D("experiment.profile")
+    max_gpu_hours: float | None = _D("experiment.max_gpu_hours")
+    retries: int = _D("experiment.retries")
+    queue: str | None = _D("experiment.queue")
+    description: str = _D("experiment.description")
     overheads: Overheads = field(default_factory=Overheads)
     train: Mapping[str, Any] = field(default_factory=dict)
-    nodes: int = 1
-    continue_on_timeout: bool = False
-    max_continuations: int = DEFAULT_MAX_CONTINUATIONS
-    keep_checkpoints: bool = False
+    nodes: int = _D("experiment.nodes")
+    continue_on_timeout: bool = _D("experiment.continue_on_timeout")
+    max_continuations: int = _D("experiment.max_continuations")
+    keep_checkpoints: bool = _D("experiment.keep_checkpoints")
     # What was taken from the model, not the file (spec_defaults.py): "train.model.max_model_len = ...
     # (why)". Not part of the spec's identity: the values themselves are in `train`.
     defaults: tuple[str, ...] = ()
-    priority: str = DEFAULT_PRIORITY  # high | normal | low: how its runs are scheduled (priorities.py)
+    priority: str = _D("experiment.priority")  # high | normal | low: how its runs are scheduled (priorities.py)
     # [[evaluations]]: scored after training, once each run succeeds (evaluation_spec.py)
     evaluations: tuple[EvaluationRequest, ...] = ()
 
@@ -234,15 +222,34 @@ def _str(p: str, where: str, v: Any, pattern: re.Pattern[str] | None = None, cho
     return v
 
 
+def _value(p: str, where: str, table: Mapping[str, Any], key: str, pattern: re.Pattern[str] | None = None) -> Any:
+    """The value of the spec field `key` in `table` (its default when left out), checked by the field's
+    type, bounds and choices (spec_fields.py); `where` names the table in a message."""
+    f = spec_fields.field(key)
+    at = f"{where}.{f.name}"
+    value = table.get(f.name, spec_fields.default(key))
+    if value is None:
+        return None
+    lo = f.lo if f.lo is not None else -math.inf
+    hi = f.hi if f.hi is not None else math.inf
+    if f.type == "integer":
+        return _int(p, at, value, int(max(lo, -limits.INT_MAX)), int(min(hi, limits.INT_MAX)))
+    if f.type == "number":
+        return _num(p, at, value, lo, hi, open_lo=f.open_lo)
+    if f.type == "boolean":
+        return _bool(p, at, value)
+    return _str(p, at, value, pattern, f.choices)
+
+
 def _arm(p: str, name: str, table: Any) -> ArmSpec:
     where = f"arms.{name}"
     if not ARM_NAME.match(name):
         raise SpecError(p, where, f"arm name {name!r} must be {limits.ARM_NAME_RULE}")
     t = _table(p, where, table)
     _unknown(p, where, t, _ARM_KEYS)
-    exposure = _str(p, f"{where}.exposure", t.get("exposure", "none"), choices=EXPOSURES)
-    items = _int(p, f"{where}.exposed_items", t.get("exposed_items", 0), 0, 10_000_000)
-    templates = t.get("templates", [])
+    exposure = _value(p, where, t, "arms.<arm>.exposure")
+    items = _value(p, where, t, "arms.<arm>.exposed_items")
+    templates = t.get("templates", _D("arms.<arm>.templates"))
     if not isinstance(templates, list) or not all(isinstance(x, str) and x for x in templates):
         raise SpecError(p, f"{where}.templates", "must be an array of non-empty strings")
     for i, x in enumerate(templates):
@@ -251,9 +258,7 @@ def _arm(p: str, name: str, table: Any) -> ArmSpec:
             raise SpecError(p, f"{where}.templates[{i}]", problem)
     if len(set(templates)) != len(templates):
         raise SpecError(p, f"{where}.templates", "has duplicates")
-    aux = t.get("auxiliary_answer_loss", False)
-    if not isinstance(aux, bool):
-        raise SpecError(p, f"{where}.auxiliary_answer_loss", f"must be a boolean, got {_kind(aux)}")
+    aux = _value(p, where, t, "arms.<arm>.auxiliary_answer_loss")
     if exposure == "none" and (items or templates or aux):
         raise SpecError(p, where, "exposure \"none\" takes no exposed_items, templates or auxiliary_answer_loss")
     if exposure != "none" and (items == 0 or not templates):
@@ -300,39 +305,24 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     dup = sorted({s for s in seeds if seeds.count(s) > 1})
     if dup:
         raise SpecError(p, "experiment.seeds", f"duplicate seed(s) {dup}")
-    description = e.get("description", "")
-    if not isinstance(description, str):
-        raise SpecError(p, "experiment.description", f"must be a string, got {_kind(description)}")
-    problem = limits.text_problem(description)
-    if problem:
-        raise SpecError(p, "experiment.description", problem)
-    gpus = _int(p, "experiment.gpus", e.get("gpus", 4), 1, MAX_GPUS)
-    nodes = _int(p, "experiment.nodes", e.get("nodes", 1), 1, MAX_NODES)
-    budget = _num(p, "experiment.loop_budget_seconds", e.get("loop_budget_seconds", 2700), 0, MAX_BUDGET_SECONDS,
-                  open_lo=True)
-    executor = _str(p, "experiment.executor", e.get("executor", "slurm"), choices=EXECUTOR_NAMES)
-    profile = _str(p, "experiment.profile", e.get("profile", "default"), NAME)
+    description = _value(p, "experiment", e, "experiment.description")
+    gpus = _value(p, "experiment", e, "experiment.gpus")
+    nodes = _value(p, "experiment", e, "experiment.nodes")
+    budget = _value(p, "experiment", e, "experiment.loop_budget_seconds")
+    executor = _str(p, "experiment.executor", e.get("executor", _D("experiment.executor")), choices=EXECUTOR_NAMES)
+    profile = _value(p, "experiment", e, "experiment.profile", NAME)
     if nodes > 1 and executor != "slurm":
         raise SpecError(p, "experiment.nodes", f"{nodes} nodes need executor = \"slurm\" (the {executor} executor "
                         "runs on this one machine)")
-    max_gh = e.get("max_gpu_hours")
-    if max_gh is not None:
-        max_gh = _num(p, "experiment.max_gpu_hours", max_gh, 0, limits.GPU_HOURS_MAX, open_lo=True)
-    retries = _int(p, "experiment.retries", e.get("retries", 0), 0, MAX_RETRIES)
-    queue = e.get("queue")
-    if queue is not None:
-        queue = _str(p, "experiment.queue", queue, NAME)
-    lifecycle = {key: _bool(p, f"experiment.{key}", e.get(key, False)) for key in ("continue_on_timeout",
-                                                                                  "keep_checkpoints")}
-    lifecycle["max_continuations"] = _int(p, "experiment.max_continuations",
-                                          e.get("max_continuations", DEFAULT_MAX_CONTINUATIONS), 0, MAX_CONTINUATIONS)
-    priority = _str(p, "experiment.priority", e.get("priority", DEFAULT_PRIORITY), choices=PRIORITIES)
+    max_gh = _value(p, "experiment", e, "experiment.max_gpu_hours")
+    retries = _value(p, "experiment", e, "experiment.retries")
+    queue = _value(p, "experiment", e, "experiment.queue", NAME)
+    lifecycle = {key: _value(p, "experiment", e, f"experiment.{key}") for key in LIFECYCLE_DEFAULTS}
+    priority = _value(p, "experiment", e, "experiment.priority")
 
     o = _table(p, "overheads", data.get("overheads", {}))
     _unknown(p, "overheads", o, _OVERHEAD_KEYS)
-    defaults = Overheads()
-    overheads = Overheads(**{k: _num(p, f"overheads.{k}", o.get(k, getattr(defaults, k)), 0, MAX_BUDGET_SECONDS)
-                             for k in sorted(_OVERHEAD_KEYS)})
+    overheads = Overheads(**{k: _value(p, "overheads", o, f"overheads.{k}") for k in sorted(_OVERHEAD_KEYS)})
 
     arms_t = _table(p, "arms", data.get("arms", {}))
     if not arms_t:

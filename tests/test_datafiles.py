@@ -62,7 +62,7 @@ def test_a_missing_name_names_every_folder_looked_in(config_dirs: tuple[Path, Pa
 
 
 def test_the_packaged_examples_are_the_checkouts_jobs() -> None:
-    """jobs/ is where a checkout's user finds the examples (the README's commands); the wheel ships
+    """jobs/ is where a checkout's user finds the examples (docs/researcher.md's commands); the wheel ships
     copies. A change to one copy alone fails here: change both."""
     packaged = sorted(p.name for p in (PACKAGED / "examples").glob("*.toml"))
     assert packaged == ["demo-cpu.toml", "exposure-5arm.toml"]

@@ -4,7 +4,7 @@ direct SQL alike.
 
 The shared PostgreSQL trusts every connection, so these tests run a PostgreSQL of their own (initdb
 in a temporary folder, another port, SCRAM password authentication for every role). The ledger is
-made as README's "Roles and permissions" says: a non-superuser admin with CREATEROLE owns the
+made as docs/operator.md's "Roles and permissions" says: a non-superuser admin with CREATEROLE owns the
 database and runs `db upgrade`, then creates the team and its login roles: alice and bob (members of
 team_a), carol (lead of team_a), erin (a member of another team) and worker (the service).
 """
@@ -33,7 +33,7 @@ ROLES = {"alice": "ggpo_member, team_a", "bob": "ggpo_member, team_a", "carol": 
          "erin": "ggpo_member, team_b", "worker": "ggpo_service"}
 TABLES = ("experiments", "runs", "attempts", "events", "decisions", "artifacts", "component_runs", "notifications",
           "notification_deliveries")
-# What README's "Roles and permissions" tells the ledger's admin to run, once the ledger exists.
+# What docs/operator.md's "Roles and permissions" tells the ledger's admin to run, once the ledger exists.
 TEAM_SQL = ["CREATE ROLE team_a NOLOGIN IN ROLE ggpo_team", "CREATE ROLE team_b NOLOGIN IN ROLE ggpo_team",
             *(f"CREATE ROLE {r} LOGIN PASSWORD 'pw-{r}-0123' IN ROLE {groups}" for r, groups in ROLES.items())]
 

@@ -15,7 +15,7 @@ import click
 from click.exceptions import NoSuchCommand
 
 from ..config import Settings, load_settings, redact
-from ..errors import GgpoError
+from ..errors import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, GgpoError
 
 
 class App:
@@ -172,8 +172,6 @@ class _Group(click.Group):
             ctx.exit(code)
 
 
-EXIT_BAD_INPUT = 2
-EXIT_UNAVAILABLE = 4  # a service (database, Redis, Slurm) could not be reached or used; try again later
 
 
 def _line(text: str, limit: int = 2000) -> str:

@@ -8,7 +8,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-# Comparability thresholds (README, "report"): beyond these, `warnings` says the arms differ.
+# Comparability thresholds (docs/researcher.md, "Comparability warnings"): beyond these, `warnings` says the arms differ.
 LOOP_TIME_TOLERANCE = 0.05  # an arm's mean loop time vs the baseline's, relative
 OVERSHOOT_TOLERANCE = 0.05  # an arm's mean overshoot fraction vs the baseline's, absolute (5 points of budget)
 BUDGET_TOLERANCE = 1e-9  # loop budgets must be equal (relative)

@@ -12,20 +12,24 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from .. import spec_fields
 from ..errors import SpecError
 from .ggpo_config import GgpoConfig
 
-ROLLOUT_BACKENDS = ("torch", "vllm")
-PRECISIONS = ("auto", "fp32", "bf16")
-DTYPES = ("bfloat16", "float16", "float32")
-ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2")
+# Every key's default, bounds and meaning: the spec's field table (ggpo_batch/spec_fields.py).
+_D = spec_fields.default
+ROLLOUT_BACKENDS: tuple[str, ...] = spec_fields.field("train.rollout").choices
+PRECISIONS: tuple[str, ...] = spec_fields.field("train.precision").choices
+DTYPES: tuple[str, ...] = spec_fields.field("train.model.dtype").choices
+ATTN_IMPLEMENTATIONS: tuple[str, ...] = spec_fields.field("train.model.attn_implementation").choices
 # Keys of `[train]` that were renamed: the old name is refused with the new one.
 RENAMED_KEYS = {"micro_batch_rows": "micro_batch_size"}
 # Keys that shape the built-in byte GPT-2 only: meaningless beside [train.model].
 BUILTIN_MODEL_KEYS = ("n_embd", "n_layer", "n_head", "n_positions")
-DATA_KEYS = ("train", "eval", "passages")
-MAX_MODEL_LEN_RANGE = (16, 1 << 20)  # tokens; left out of a spec, the model's own (spec_defaults.py)
-OLD_LOGPROBS = ("policy", "rollout")
+DATA_KEYS = tuple(f.name for f in spec_fields.fields_of("train.data"))
+# Tokens; left out of a spec, the model's own (spec_defaults.py).
+MAX_MODEL_LEN_RANGE = (spec_fields.field("train.model.max_model_len").lo, spec_fields.most("train.model.max_model_len"))
+OLD_LOGPROBS: tuple[str, ...] = spec_fields.field("train.old_logprobs").choices
 # Switches whose default is the device's choice: true, false, or "auto" (the default, None here).
 AUTO, AUTO_KEYS = "auto", ("vllm_enforce_eager",)
 
@@ -36,12 +40,12 @@ class ModelConfig:
     local Hugging Face cache; nothing is downloaded) with its tokenizer and chat template."""
 
     path: str
-    dtype: str = "bfloat16"
-    gradient_checkpointing: bool = False
-    attn_implementation: str = "sdpa"
+    dtype: str = _D("train.model.dtype")
+    gradient_checkpointing: bool = _D("train.model.gradient_checkpointing")
+    attn_implementation: str = _D("train.model.attn_implementation")
     # Prompt + every turn + tool output of one trajectory, in tokens. Left out of a spec: the model's own
     # context (spec_defaults.py puts it in the run spec); 4096 only for a run spec that lacks it.
-    max_model_len: int = 4096
+    max_model_len: int = _D("train.model.max_model_len")
     # Keywords of the chat template, passed wherever a prompt is rendered (train/chat_template.py:
     # `{ enable_thinking = false }` for a Qwen3-class hybrid template; preflight refuses a thinking
     # switch left at its default and a keyword the template never reads).
@@ -72,7 +76,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """`[train.data]`: JSONL files (format in README, "Real models and data"). Exposure arms take
+    """`[train.data]`: JSONL files (format in docs/researcher.md, "Real models and data"). Exposure arms take
     their held-out items from `eval`."""
 
     train: str
@@ -95,7 +99,7 @@ class DataConfig:
 def _subtable(table: Any, path: str, name: str) -> Mapping[str, Any]:
     if not isinstance(table, Mapping):
         raise SpecError(path, f"train.{name}", f"must be a table ([train.{name}])")
-    known = {f.name for f in fields(ModelConfig if name == "model" else DataConfig)}
+    known = spec_fields.keys(f"train.{name}")
     for key in table:
         if key not in known:
             raise SpecError(path, f"train.{name}.{key}", f"unknown key (known: {', '.join(sorted(known))})")
@@ -141,53 +145,53 @@ class TrainConfig(GgpoConfig):
     # below, built from config over the byte vocabulary (no download; the nightly tier, CPU tests).
     model: ModelConfig | None = None
     data: DataConfig | None = None  # `[train.data]` files; without it the generated corpus (task.synthetic)
-    n_embd: int = 64
-    n_layer: int = 2
-    n_head: int = 2
-    n_positions: int = 512
+    n_embd: int = _D("train.n_embd")
+    n_layer: int = _D("train.n_layer")
+    n_head: int = _D("train.n_head")
+    n_positions: int = _D("train.n_positions")
     # Rollouts.
-    prompts_per_step: int = 4  # groups per step, over all ranks (split evenly)
-    exposures_per_step: int = 2  # exposure slots per step in exposure arms
-    max_new_tokens: int = 16  # per generation call (turn)
-    max_turns: int = 2  # generation calls per trajectory (search turns + answer)
-    temperature: float = 1.0
-    rollout: str = "torch"
-    vllm_gpu_memory_utilization: float = 0.3
+    prompts_per_step: int = _D("train.prompts_per_step")  # groups per step, over all ranks (split evenly)
+    exposures_per_step: int = _D("train.exposures_per_step")  # exposure slots per step in exposure arms
+    max_new_tokens: int = _D("train.max_new_tokens")  # per generation call (turn)
+    max_turns: int = _D("train.max_turns")  # generation calls per trajectory (search turns + answer)
+    temperature: float = _D("train.temperature")
+    rollout: str = _D("train.rollout")
+    vllm_gpu_memory_utilization: float = _D("train.vllm_gpu_memory_utilization")
     # vLLM's eager mode: None ("auto", the default) is the device's choice (vllm_backend.engine_options:
     # CUDA graphs on a GPU, eager on the CPU); true or false overrides it.
-    vllm_enforce_eager: bool | None = None
+    vllm_enforce_eager: bool | None = _D("train.vllm_enforce_eager")
     # Ranks per colocated vLLM engine (train/vllm_backend.py): 1, 2 or 4 on a 4-GPU node; it must divide
     # the training ranks, and world / tensor_parallel_size engines sample side by side.
-    tensor_parallel_size: int = 1
+    tensor_parallel_size: int = _D("train.tensor_parallel_size")
     # Engine and optimisation.
-    zero_stage: int = 2
-    precision: str = "auto"  # bf16 on GPU, fp32 on CPU
-    lr: float = 1e-3
-    micro_batch_size: int = 0  # trajectories per forward/backward pass (gradients accumulate); 0 = the rank's whole batch
+    zero_stage: int = _D("train.zero_stage")
+    precision: str = _D("train.precision")  # bf16 on GPU, fp32 on CPU
+    lr: float = _D("train.lr")
+    micro_batch_size: int = _D("train.micro_batch_size")  # trajectories per forward/backward pass (gradients accumulate); 0 = the rank's whole batch
     # Log-probs (train/logprobs.py): masked tokens x vocabulary rows of the LM head per chunk; 0 tokens =
     # full logits (no chunking). The default chunk's float32 logits take 32 MiB.
-    logprob_chunk_tokens: int = 1024
-    logprob_chunk_vocab: int = 8192
-    grad_clip: float = 1.0
+    logprob_chunk_tokens: int = _D("train.logprob_chunk_tokens")
+    logprob_chunk_vocab: int = _D("train.logprob_chunk_vocab")
+    grad_clip: float = _D("train.grad_clip")
     # PPO's "old" log-probs (train/ggpo.py): "policy" recomputes them with the policy before the update,
     # no grad (verl); "rollout" uses the engine's, through a truncated importance-sampling weight
     # min(exp(policy - rollout), rollout_is_cap) per token (TRL's vllm_importance_sampling_correction).
-    old_logprobs: str = "policy"
-    rollout_is_cap: float = 2.0
-    aux_coef: float = 1.0
-    max_steps: int = 0  # 0 = no cap: the loop-time budget alone ends training
-    checkpoint_every: int = 0  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
+    old_logprobs: str = _D("train.old_logprobs")
+    rollout_is_cap: float = _D("train.rollout_is_cap")
+    aux_coef: float = _D("train.aux_coef")
+    max_steps: int = _D("train.max_steps")  # 0 = no cap: the loop-time budget alone ends training
+    checkpoint_every: int = _D("train.checkpoint_every")  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
     # Task.
-    synthetic_entities: int = 64
-    synthetic_eval_items: int = 24
-    synthetic_unsupported_fraction: float = 0.3
-    retrieval_top_k: int = 2
-    passage_max_bytes: int = 64  # each retrieved passage is cut to this many bytes of text
+    synthetic_entities: int = _D("train.synthetic_entities")
+    synthetic_eval_items: int = _D("train.synthetic_eval_items")
+    synthetic_unsupported_fraction: float = _D("train.synthetic_unsupported_fraction")
+    retrieval_top_k: int = _D("train.retrieval_top_k")
+    passage_max_bytes: int = _D("train.passage_max_bytes")  # each retrieved passage is cut to this many bytes of text
     # Evaluation (train/evaluation.py): the first eval_size held-out items (0 = all of them), greedy
     # at eval_temperature 0, else eval_samples sampled answers per item, rewards averaged.
-    eval_size: int = 0
-    eval_temperature: float = 0.0
-    eval_samples: int = 1
+    eval_size: int = _D("train.eval_size")
+    eval_temperature: float = _D("train.eval_temperature")
+    eval_samples: int = _D("train.eval_samples")
 
     def __post_init__(self) -> None:
         pass  # validated by from_table with the spec's path in every message (`_validate`)
@@ -197,7 +201,8 @@ class TrainConfig(GgpoConfig):
         """Parse and validate a `[train]` table; bad input raises SpecError(path, "train.<key>", ...)."""
         if not isinstance(table, Mapping):
             raise SpecError(path, "train", "must be a table")
-        known = {f.name: f for f in fields(cls)}
+        known = spec_fields.keys("train")  # the spec's field table; each is a field of this class
+        declared = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for key, value in table.items():
             if key in RENAMED_KEYS:
@@ -213,7 +218,7 @@ class TrainConfig(GgpoConfig):
                     raise SpecError(path, f"train.{key}", f"must be true, false or \"{AUTO}\", got {value!r}")
                 values[key] = None if value == AUTO else value
             else:
-                values[key] = _coerce(value, known[key].default, path, key)
+                values[key] = _coerce(value, declared[key].default, path, key)
         if "model" in values:
             for key in BUILTIN_MODEL_KEYS:
                 if key in values:
@@ -249,51 +254,19 @@ class TrainConfig(GgpoConfig):
         def bad(key: str, problem: str) -> None:
             raise SpecError(path, f"train.{key}", problem)
 
-        for key, problem in self.ggpo_problems():
-            bad(key, problem)
-        for key in ("n_embd", "n_layer", "n_head", "n_positions", "prompts_per_step", "max_new_tokens",
-                    "max_turns", "retrieval_top_k", "passage_max_bytes",
-                    "eval_samples", "synthetic_entities", "synthetic_eval_items"):
-            if getattr(self, key) < 1:
-                bad(key, f"must be >= 1, got {getattr(self, key)}")
-        for key in ("exposures_per_step", "max_steps", "checkpoint_every", "micro_batch_size", "eval_size", "eval_temperature",
-                    "logprob_chunk_tokens"):
-            if getattr(self, key) < 0:
-                bad(key, f"must be >= 0, got {getattr(self, key)}")
-        if self.logprob_chunk_vocab < 1:
-            bad("logprob_chunk_vocab", f"must be >= 1, got {self.logprob_chunk_vocab}")
+        # Each key's bounds and choices (the ggpo hyperparameters' among them): the spec's field table.
+        for f in spec_fields.fields_of("train"):
+            problem = None if f.name in ("model", "data") else f.problem(getattr(self, f.name))
+            if problem is not None:
+                bad(f.name, problem)
         if self.eval_temperature == 0 and self.eval_samples != 1:
             bad("eval_samples", "must be 1 when eval_temperature = 0 (greedy decoding gives one answer)")
         if self.n_embd % self.n_head:
             bad("n_head", f"must divide n_embd={self.n_embd}")
-        for key in ("aux_coef", "grad_clip"):
-            if getattr(self, key) < 0:
-                bad(key, "must be >= 0")
-        if self.lr <= 0:
-            bad("lr", "must be > 0")
-        if self.temperature <= 0:
-            bad("temperature", "must be > 0 (ggpo needs sampled rollouts)")
-        if not 0 < self.vllm_gpu_memory_utilization <= 1:
-            bad("vllm_gpu_memory_utilization", "must be in (0, 1]")
-        if not 0 <= self.synthetic_unsupported_fraction < 1:
-            bad("synthetic_unsupported_fraction", "must be in [0, 1)")
-        if self.zero_stage not in (2, 3):
-            bad("zero_stage", f"must be 2 or 3, got {self.zero_stage}")
-        if self.rollout not in ROLLOUT_BACKENDS:
-            bad("rollout", f"must be one of {', '.join(ROLLOUT_BACKENDS)}, got {self.rollout!r}")
-        if self.tensor_parallel_size not in (1, 2, 4, 8):
-            bad("tensor_parallel_size", f"must be 1, 2, 4 or 8 (GPUs of one node), got {self.tensor_parallel_size}")
         if self.vllm_enforce_eager is not None and self.rollout != "vllm":
             bad("vllm_enforce_eager", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it out")
         if self.tensor_parallel_size > 1 and self.rollout != "vllm":
             bad("tensor_parallel_size", "applies to the vLLM engines: set train.rollout = \"vllm\" or leave it at 1")
-        if self.old_logprobs not in OLD_LOGPROBS:
-            bad("old_logprobs", f"must be one of {', '.join(OLD_LOGPROBS)}, got {self.old_logprobs!r}")
-        if not 1.0 <= self.rollout_is_cap <= 1e6:
-            bad("rollout_is_cap", f"must be in [1, 1e6] (a cap below 1 would down-weight every token), got "
-                                  f"{self.rollout_is_cap}")
-        if self.precision not in PRECISIONS:
-            bad("precision", f"must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if self.model is None:
             # Prompt + turns of generation + retrieved passages must fit the built-in model's context.
             # (With [train.model], preflight measures the prompts with the checkpoint's tokenizer.)

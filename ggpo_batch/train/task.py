@@ -2,7 +2,7 @@
 
 Two sources: the generated corpus (a small corpus of invented facts and questions this project
 generates, deterministically, so every arm and seed sees the same data; used without
-`[train.data]`) and `[train.data]` files (JSONL on the cluster's file system, see README; nothing is
+`[train.data]`) and `[train.data]` files (JSONL on the cluster's file system, see docs/researcher.md; nothing is
 downloaded at run time). Some synthetic questions are deliberately
 *unsupported*: their fact is left out of the corpus, so a gold answer cannot be verified.
 """

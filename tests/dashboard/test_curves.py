@@ -138,7 +138,7 @@ def test_the_curves_of_a_real_experiment_grow_while_it_trains_and_match_its_hist
         kl_known = any(v is not None for c in curves.values() for v in c["kl"])
         kl_panel = page.locator("figure[data-metric='kl']")
         assert (kl_panel.locator("g.arm").count() == 2) if kl_known else "not recorded" in kl_panel.inner_text()
-        if os.environ.get("GGPO_CURVES_SCREENSHOT"):  # the README's picture, from this page
+        if os.environ.get("GGPO_CURVES_SCREENSHOT"):  # docs/researcher.md's picture, from this page
             page.set_viewport_size({"width": 1280, "height": 900})
             page.locator("#curves").screenshot(path=os.environ["GGPO_CURVES_SCREENSHOT"])
 

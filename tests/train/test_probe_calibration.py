@@ -1,5 +1,5 @@
 """A small version of the probe's calibration in bfloat16 (tools/bench/probe_calibration.py; the full one
-gives the README's figures): real DeepSpeed bf16 updates of the tiny pretrained-format checkpoint, its
+gives the figures of docs/figures.md): real DeepSpeed bf16 updates of the tiny pretrained-format checkpoint, its
 weights pushed after every step into an eager-attention bf16 copy and a float32 copy (correct: no probe
 may fail) and into copies with planted defects (each must fail), at learning rates 1e-4, 1e-5, 1e-6."""
 
@@ -18,7 +18,7 @@ pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 SCRIPT = REPO / "tools" / "bench" / "probe_calibration.py"
 STOP_AFTER = 3
-CAUGHT_WITHIN = 12  # steps after the last push the stopped push is caught in at lr 1e-5 (README "Figures")
+CAUGHT_WITHIN = 12  # steps after the last push the stopped push is caught in at lr 1e-5 (docs/figures.md)
 
 
 def test_small_calibration_no_false_failure_every_defect_caught_no_claim_before_the_policy_moved():
@@ -38,7 +38,7 @@ def test_small_calibration_no_false_failure_every_defect_caught_no_claim_before_
         assert [defects[name][lr]["first_failed_step"] for lr in (1e-4, 1e-5, 1e-6)] == [0, 0, 0]
         assert defects[name][1e-5]["gap"] > defects[name][1e-5]["bound"]
     # Layer 1 stays at the start's weights while the rest trains: caught once it has moved (about 20
-    # steps at 1e-5, README "Figures"; a few at 1e-4).
+    # steps at 1e-5, docs/figures.md; a few at 1e-4).
     skipped = defects["skip_layer"][1e-4]
     assert skipped["first_failed_step"] is not None, skipped
     stopped = defects["stopped"][1e-5]

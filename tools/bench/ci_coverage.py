@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Coverage of the report's 95 % intervals (ggpo_batch/reporting/stats.py): how often the BCa
 bootstrap and the t interval contain the true mean, by number of seeds, for normal and for skewed
-(log-normal, sigma 0.75) values. The figures in stats.py's docstring and the README come from
+(log-normal, sigma 0.75) values. The figures in stats.py's docstring and docs/researcher.md come from
 
     .venv/bin/python tools/bench/ci_coverage.py --reps 1500
 

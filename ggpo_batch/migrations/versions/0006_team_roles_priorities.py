@@ -1,5 +1,5 @@
 """A team on one ledger: run priorities, the index the cost view reads, and, on PostgreSQL, the
-group roles, grants and row-level security that decide who may do what (README: Roles and
+group roles, grants and row-level security that decide who may do what (docs/operator.md: Roles and
 permissions).
 
 - `runs.priority` (high | normal | low; existing runs normal) and `ix_attempts_booked_at`.
