@@ -24,7 +24,7 @@ def write_curve_plot(curves: Mapping[str, Any], out_dir: Path, baseline: str | N
     """learning_curves.png in `out_dir`; None when no run has a curve point to draw."""
     if not has_points(curves):
         return None
-    from .plots import _new_figure, _tidy_axis
+    from .plots import _new_figure, _tidy_axis, shared_legend
 
     metrics = curves["metrics"]
     arms = sorted(curves["arms"])
@@ -54,13 +54,7 @@ def write_curve_plot(curves: Mapping[str, Any], out_dir: Path, baseline: str | N
         ax.set_xlabel("loop seconds (of the equal loop-time budget)")
         ax.grid(alpha=0.3)
         ax.set_xlim(left=0)
-    handles, names = [], []
-    for ax in axes:
-        h, n = ax.get_legend_handles_labels()
-        handles, names = handles + h, names + n
-    if handles:
-        uniq = dict(zip(names, handles))
-        axes[-1].legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    shared_legend(axes)
     fig.suptitle(f"{curves['experiment']} v{curves['version']}: learning curves per arm", x=0.01, ha="left",
                  fontsize=11)
     fig.supxlabel("line: mean over the arm's seeds at each loop time; band: its lowest to its highest seed "

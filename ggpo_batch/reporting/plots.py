@@ -37,6 +37,17 @@ def fmt(v: float | None, digits: int = 3) -> str:
     return f"{v:.{digits - 1 - mag}f}"
 
 
+def shared_legend(axes: Any) -> None:
+    """One legend beside the last panel for the labels of every panel (each label once)."""
+    handles, names = [], []
+    for ax in axes:
+        h, n = ax.get_legend_handles_labels()
+        handles, names = handles + h, names + n
+    if handles:
+        uniq = dict(zip(names, handles))
+        axes[-1].legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+
+
 def _tidy_axis(axis: Any, lo: float, hi: float, *, signed: bool = False, nbins: int = 6) -> None:
     """Ticks at 1-2-5 multiples, each label with exactly the decimals the tick spacing needs (0.005 ->
     "0.005", 2 -> "2"), so small values read as numbers, not as 0.00 or 5.00e-03."""
@@ -280,13 +291,7 @@ def _forest_plot(report: Mapping[str, Any], path: Path, name: str) -> Path:
         ax.grid(axis="x", alpha=0.3)
         _tidy_axis(ax.xaxis, lo - pad, hi + pad, signed=True, nbins=5)
     axes[0].set_yticks(range(len(arms)), list(reversed(arms)), fontsize=9)
-    handles, names = axes[0].get_legend_handles_labels()
-    for ax in axes[1:]:
-        h, n = ax.get_legend_handles_labels()
-        handles, names = handles + h, names + n
-    if handles:
-        uniq = dict(zip(names, handles))
-        axes[-1].legend(uniq.values(), uniq.keys(), loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
+    shared_legend(axes)
     fig.suptitle(f"{name}: arm - {base}, paired by seed, on the same items (reward)", x=0.01, ha="left",
                  fontsize=11)
     fig.supxlabel(f"diamond: mean difference; line: 95 % interval ({_method_text(used)}); grey: per seed; each "
