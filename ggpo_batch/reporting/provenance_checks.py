@@ -54,9 +54,11 @@ def provenance_warnings(by_arm: Rows, distributions: Distributions | None = None
             values: dict[Any, list[tuple[str, Mapping[str, Any]]]] = defaultdict(list)
             for k in keys:
                 values[k[i]] += groups[k]
-            text = " vs ".join(f"{_show(f, v)} ({_runs(rs)})" for v, rs in sorted(values.items(), key=lambda x: str(x[0])))
+            # In the order of the first run (arm, seed) that has each value: a reader sees seed 1's first.
+            ordered = sorted(values.items(), key=lambda x: min((a, r["seed"]) for a, r in x[1]))
+            text = " vs ".join(f"{_show(f, v)} ({_runs(rs)})" for v, rs in ordered)
             if f == "distributions_sha256" and distributions is not None:
-                text += _which_distributions(values, distributions)
+                text += _which_distributions(dict(ordered), distributions)
             parts.append(f"{_LABELS.get(f, f)}: {text}")
         largest = max(keys, key=lambda k: len(groups[k]))
         arms = sorted({a for k in keys if k != largest for a, _ in groups[k]})
