@@ -148,7 +148,8 @@ def test_the_warnings_name_what_differs_and_stay_silent_when_only_nodes_and_time
     code = warnings["code_differs"]["message"]
     assert "commit: 111111111111 (clean seeds 1, 2; paired seed 1) vs 222222222222 (paired seed 2)" in code
     hw = warnings["hardware_differs"]["message"]
-    assert "accelerator: NVIDIA A100-SXM4-80GB (paired seed 2) vs NVIDIA H200" in hw and "driver" not in hw
+    assert "accelerator: NVIDIA H200 (clean seeds 1, 2; paired seed 1) vs NVIDIA A100-SXM4-80GB (paired seed 2)" in hw
+    assert "driver" not in hw
     env = warnings["environment_differs"]["message"]
     assert "installed distributions: dddddddddddd" in env and "(numpy 2.1.0 / 2.1.3)" in env
     # A run without provenance is not compared, and said so.
