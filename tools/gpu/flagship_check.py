@@ -37,8 +37,8 @@ Four parts, each printed:
    false) (check `template`). `--plant-template` checks a thinking-only template instead (no switch).
 
 Exit 0 when every check passed, 1 when one failed, 2 for bad arguments or a module that cannot be
-imported. `--tiny` runs a small Qwen3-shaped config on the CPU (gloo, bfloat16, about a minute):
-what tests/train/test_gpu_script.py runs. `--json` prints one JSON object.
+imported. `--tiny` runs a small Qwen3-shaped config on the CPU (gloo, bfloat16, about 20 seconds):
+what tests/train/test_gpu_script.py runs. `--json` prints one JSON object (`--json-file` writes it too).
 """
 
 from __future__ import annotations
@@ -98,6 +98,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--plant-probe", choices=DEFECTS, help="give the checked rollout backend this defect")
     ap.add_argument("--plant-template", action="store_true", help="check a thinking-only template (no switch)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--json-file", type=Path, help="also write the JSON object to this file")
     args = ap.parse_args(argv)
     defaults = TINY_RUN if args.tiny else {"steps": 4, "warmup": 1, "passes": 4, "seq_len": None,
                                            "prompt_tokens": 512, "probe_steps": 30}
@@ -425,10 +426,9 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     report = run(args)
-    if args.json:
-        print(json.dumps(report))
-    else:
-        print("\n".join(lines(report)))
+    if args.json_file:
+        args.json_file.write_text(json.dumps(report) + "\n")
+    print(json.dumps(report) if args.json else "\n".join(lines(report)))
     import torch.distributed as dist
 
     dist.destroy_process_group()
