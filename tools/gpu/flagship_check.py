@@ -256,114 +256,167 @@ def template_check(cfg: Any, plant: bool, folder: Path) -> tuple[dict[str, Any],
     return out, codec
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def progress(t0: float, message: str) -> None:
+    """A line on stderr as each part ends: what a run killed at its time limit still shows."""
+    print(f"[flagship_check {time.perf_counter() - t0:6.1f} s] {message}", file=sys.stderr, flush=True)
+
+
+class Run:
+    """The policy engine, its reference and the step they train with (the module docstring's part 1)."""
+
+    def __init__(self, args: argparse.Namespace, cfg: Any, shape: dict[str, Any], device: Any, codec: Any,
+                 deepspeed: Any) -> None:
+        import torch
+
+        from ggpo_batch.train.engine_config import policy_engine_config
+        from ggpo_batch.train.hf import training_mode
+        from ggpo_batch.train.logprobs import Chunks
+        from ggpo_batch.train.reference import Reference
+
+        self.args, self.cfg, self.shape, self.device, self.codec = args, cfg, shape, device, codec
+        self.cuda = device.type == "cuda"
+        self.dtype = getattr(torch, cfg.model.dtype)
+        self.lr = args.lr or (TINY_RUN["lr"] if args.tiny else cfg.lr)
+        self.chunks = (Chunks(TINY_RUN["chunk_tokens"], TINY_RUN["chunk_vocab"]) if args.tiny else
+                       Chunks(cfg.logprob_chunk_tokens, cfg.logprob_chunk_vocab))
+        bf16, fp16 = self.dtype == torch.bfloat16, self.dtype == torch.float16
+        model = training_mode(build(shape, self.dtype, device, cfg.model.attn_implementation),
+                              cfg.model.gradient_checkpointing)
+        self.architecture = type(model).__name__
+        self.parameters = sum(p.numel() for p in model.parameters())
+        self.reference = Reference(copy.deepcopy(model), zero_stage=cfg.zero_stage, device=device, bf16=bf16,
+                                   fp16=fp16)
+        self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                               config=policy_engine_config(
+                                                   model, zero_stage=cfg.zero_stage, micro_batches=args.passes,
+                                                   grad_clip=cfg.grad_clip, lr=self.lr, bf16=bf16, fp16=fp16))
+        self.gen = torch.Generator().manual_seed(0)
+
+    def synchronize(self) -> None:
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def step(self) -> tuple[float, float]:
+        """One update on fresh random rows: (loss, seconds)."""
+        import torch
+
+        from ggpo_batch.train.ggpo import group_advantages
+
+        a = self.args
+        passes = [rows(self.gen, 1, a.seq_len, a.prompt_tokens, self.shape["vocab_size"], self.device)
+                  for _ in range(a.passes)]
+        rewards = torch.rand((1, a.passes), generator=self.gen)  # one group: the passes' rows
+        adv = group_advantages(rewards, self.cfg.ggpo.advantage_eps).advantages.flatten().to(self.device)
+        self.synchronize()
+        t0 = time.perf_counter()
+        loss = train_step(self.engine, self.reference, passes, adv, self.cfg, self.codec, self.chunks)
+        self.synchronize()
+        return loss, time.perf_counter() - t0
+
+
+def training_figures(run: Run, peak: float | None) -> dict[str, Any]:
+    """Parts 1-2's timed steps (peak memory counted from the first of them)."""
+    import torch
+
+    a, m = run.args, run.engine.module
+    losses, seconds = [], []
+    for i in range(a.warmup + a.steps):
+        if run.cuda and i == a.warmup:
+            torch.cuda.reset_peak_memory_stats(run.device)
+        loss, s = run.step()
+        losses.append(loss)
+        seconds.append(s)
+    timed = sum(seconds[a.warmup:])
+    tokens = a.steps * a.passes * a.seq_len
+    tflops = 6 * run.parameters * tokens / timed / 1e12
+    return {"zero_stage": run.cfg.zero_stage, "ranks": 1, "lr": run.lr, "dtype": run.cfg.model.dtype,
+            # As the module holds them, not as asked: what the timed steps ran with.
+            "gradient_checkpointing": bool(m.is_gradient_checkpointing),
+            "attn_implementation": m.config._attn_implementation, "passes_per_step": a.passes, "rows_per_pass": 1,
+            "seq_len": a.seq_len, "loss_tokens_per_pass": a.seq_len - a.prompt_tokens,
+            "chunks": {"tokens": run.chunks.tokens, "vocab": run.chunks.vocab}, "warmup_steps": a.warmup,
+            "timed_steps": a.steps, "step_seconds": seconds, "loss": losses, "tokens_per_second": tokens / timed,
+            "model_tflops": tflops, "peak_tflops": peak, "mfu": tflops / peak if peak else None}
+
+
+def probe_figures(run: Run, t0: float) -> tuple[dict[str, Any], bool]:
+    """Part 3: `--probe-steps` updates, each followed by a push into every eager copy and its probe
+    (WeightSync's load, then its probe; the load timed to its end on the GPU). Returns the figures
+    and whether the checked backend's probes all passed."""
+    import torch
+
+    from ggpo_batch.train.probe import PROBE_TOKENS, merged_details
+    from ggpo_batch.train.weight_sync import WeightSync
+
+    a, cfg, module = run.args, run.cfg, run.engine.module
+    tokens = torch.randint(0, run.shape["vocab_size"], (PROBE_TOKENS,), generator=run.gen).tolist()
+    backends = probe_backends(module, run.shape, run.dtype, run.device, run.codec, a.plant_probe)
+    # The planted defects' probes fail by design: their lines are the report's, not error logs.
+    logging.getLogger("ggpo_batch.train.weight_sync").setLevel(logging.CRITICAL)
+    syncs = {name: WeightSync(module, cfg.zero_stage, b, tokens, cfg.model.dtype, run.device)
+             for name, b in backends.items()}
+    push_seconds = []
+    for i in range(a.probe_steps):
+        run.step()
+        for name, sync in syncs.items():
+            start = time.perf_counter()
+            sync.load()
+            run.synchronize()
+            if name == "checked":
+                push_seconds.append(time.perf_counter() - start)
+            sync.probe(i)
+        if (i + 1) % 10 == 0:
+            progress(t0, f"probe: {i + 1} of {a.probe_steps} steps, checked backend's failures so far "
+                         f"{len(syncs['checked'].log.failures)}")
+    checked = syncs.pop("checked").log
+    eager = backends["checked"]
+    out = {"backend": f"{(eager.inner if a.plant_probe else eager).model.config._attn_implementation} attention, "
+                      f"{cfg.model.dtype}", "planted": a.plant_probe, "lr": run.lr, **merged_details([checked]),
+           "push_seconds": push_seconds, "steps": [p.as_dict() for p in checked.probes], "defects": {}}
+    for name, sync in syncs.items():
+        first = next((p for p in sync.log.probes if not p.passed), None)
+        out["defects"][name] = {"caught_at_step": first.step if first else None, "gap": first.gap if first else None,
+                                "bound": sync.log.bound, "reason": first.reason if first else None}
+    return out, checked.passed
+
+
+def run_all(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import transformers
 
-    from ggpo_batch.train.engine_config import policy_engine_config
-    from ggpo_batch.train.ggpo import group_advantages
-    from ggpo_batch.train.hf import training_mode
-    from ggpo_batch.train.logprobs import Chunks
-    from ggpo_batch.train.probe import PROBE_TOKENS, merged_details
-    from ggpo_batch.train.reference import Reference
-    from ggpo_batch.train.weight_sync import WeightSync
-
-    t_start = time.perf_counter()
+    t0 = time.perf_counter()
     cuda = torch.cuda.is_available() and not args.tiny
     device = torch.device("cuda:0" if cuda else "cpu")
     cfg = flagship_config()
-    shape, dtype = (TINY if args.tiny else QWEN3_1_7B), getattr(torch, cfg.model.dtype)
+    shape = TINY if args.tiny else QWEN3_1_7B
     args.seq_len = args.seq_len or cfg.model.max_model_len
-    lr = args.lr or (TINY_RUN["lr"] if args.tiny else cfg.lr)
     peak = args.peak_tflops or (H200_BF16_DENSE_TFLOPS if cuda else None)
-    chunks = (Chunks(TINY_RUN["chunk_tokens"], TINY_RUN["chunk_vocab"]) if args.tiny else
-              Chunks(cfg.logprob_chunk_tokens, cfg.logprob_chunk_vocab))
     with tempfile.TemporaryDirectory(prefix="ggpo-flagship-") as tmp:
         template, codec = template_check(cfg, args.plant_template, Path(tmp))
+    progress(t0, f"template: {'passed' if template['passed'] else 'FAILED'}")
     if cuda:
         torch.cuda.set_device(device)
     deepspeed = start_distributed(cuda)
-
-    model = training_mode(build(shape, dtype, device, cfg.model.attn_implementation),
-                          cfg.model.gradient_checkpointing)
-    n_params = sum(p.numel() for p in model.parameters())
-    reference = Reference(copy.deepcopy(model), zero_stage=cfg.zero_stage, device=device,
-                          bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=policy_engine_config(
-        model, zero_stage=cfg.zero_stage, micro_batches=args.passes, grad_clip=cfg.grad_clip, lr=lr,
-        bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16))
-    gen = torch.Generator().manual_seed(0)
-
-    def step() -> tuple[float, float]:
-        passes = [rows(gen, 1, args.seq_len, args.prompt_tokens, shape["vocab_size"], device)
-                  for _ in range(args.passes)]
-        rewards = torch.rand((1, args.passes), generator=gen)  # one group: the passes' rows
-        adv = group_advantages(rewards, cfg.ggpo.advantage_eps).advantages.flatten().to(device)
-        if cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = train_step(engine, reference, passes, adv, cfg, codec, chunks)
-        if cuda:
-            torch.cuda.synchronize()
-        return loss, time.perf_counter() - t0
-
-    # 1-2. Training speed and memory: the policy, its optimizer and the reference only.
-    losses, seconds = [], []
-    for i in range(args.warmup + args.steps):
-        if cuda and i == args.warmup:
-            torch.cuda.reset_peak_memory_stats(device)
-        loss, s = step()
-        losses.append(loss)
-        seconds.append(s)
-    memory = memory_figures(cfg, engine.module, shape, args, chunks, device)
-    timed = sum(seconds[args.warmup:])
-    tokens = args.steps * args.passes * args.seq_len
-    tflops = 6 * n_params * tokens / timed / 1e12
-    training = {"zero_stage": cfg.zero_stage, "ranks": 1, "lr": lr, "dtype": cfg.model.dtype,
-                # As the module holds them, not as asked: what the timed steps ran with.
-                "gradient_checkpointing": bool(engine.module.is_gradient_checkpointing),
-                "attn_implementation": engine.module.config._attn_implementation, "passes_per_step": args.passes,
-                "rows_per_pass": 1, "seq_len": args.seq_len, "loss_tokens_per_pass": args.seq_len - args.prompt_tokens,
-                "chunks": {"tokens": chunks.tokens, "vocab": chunks.vocab}, "warmup_steps": args.warmup,
-                "timed_steps": args.steps, "step_seconds": seconds, "loss": losses,
-                "tokens_per_second": tokens / timed, "model_tflops": tflops, "peak_tflops": peak,
-                "mfu": tflops / peak if peak else None}
-
-    # 3. The weight push and its probe: SDPA policy against eager copies, after every update.
-    probe_tokens = torch.randint(0, shape["vocab_size"], (PROBE_TOKENS,), generator=gen).tolist()
-    backends = probe_backends(engine.module, shape, dtype, device, codec, args.plant_probe)
-    # The planted defects' probes fail by design: their lines are the report's, not error logs.
-    logging.getLogger("ggpo_batch.train.weight_sync").setLevel(logging.CRITICAL)
-    syncs = {name: WeightSync(engine.module, cfg.zero_stage, b, probe_tokens, cfg.model.dtype, device)
-             for name, b in backends.items()}
-    push_seconds = []
-    for i in range(args.probe_steps):
-        step()
-        for name, sync in syncs.items():
-            s = sync.push(i)
-            if name == "checked":
-                push_seconds.append(s)
-    checked = syncs.pop("checked").log
-    eager = backends["checked"]
-    probe = {"backend": f"{(eager.inner if args.plant_probe else eager).model.config._attn_implementation} attention, "
-                        f"{cfg.model.dtype}", "planted": args.plant_probe, "lr": lr,
-             **merged_details([checked]), "push_seconds": push_seconds,
-             "steps": [p.as_dict() for p in checked.probes], "defects": {}}
-    for name, sync in syncs.items():
-        first = next((p for p in sync.log.probes if not p.passed), None)
-        probe["defects"][name] = {"caught_at_step": first.step if first else None,
-                                  "gap": first.gap if first else None, "bound": sync.log.bound,
-                                  "reason": first.reason if first else None}
-    engine.destroy()
-
-    checks = {"probe": checked.passed, "template": template["passed"], "memory": memory["within_estimate"]}
+    run = Run(args, cfg, shape, device, codec, deepspeed)
+    progress(t0, f"built {run.architecture}, {run.parameters:,} parameters, on {device}")
+    training = training_figures(run, peak)
+    memory = memory_figures(cfg, run.engine.module, shape, args, run.chunks, device)
+    measured = memory["max_allocated_gib"]
+    progress(t0, f"training: {training['tokens_per_second']:,.0f} tok/s, {training['model_tflops']:.3g} TFLOP/s; "
+                 f"max allocated {'n/a' if measured is None else format(measured, '.2f')} GiB, the estimate's "
+                 f"tensor terms {memory['estimate_tensors_gib']:.2f} GiB")
+    probe, probe_passed = probe_figures(run, t0)
+    run.engine.destroy()
+    checks = {"probe": probe_passed, "template": template["passed"], "memory": memory["within_estimate"]}
     return {"schema": 1, "device": torch.cuda.get_device_name(device) if cuda else "cpu",
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
                          "deepspeed": deepspeed.__version__},
-            "tiny": args.tiny, "model": {"architecture": type(model).__name__, "shape": shape,
-                                         "parameters": n_params},
+            "tiny": args.tiny, "model": {"architecture": run.architecture, "shape": shape,
+                                         "parameters": run.parameters},
             "training": training, "memory": memory, "probe": probe, "template": template, "checks": checks,
-            "passed": all(v is not False for v in checks.values()), "seconds": time.perf_counter() - t_start}
+            "passed": all(v is not False for v in checks.values()), "seconds": time.perf_counter() - t0}
 
 
 def lines(r: dict[str, Any]) -> list[str]:
@@ -425,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             print("error: no GPU here: the flagship shape needs one (--tiny runs a small config on the CPU)",
                   file=sys.stderr)
             return 2
-    report = run(args)
+    report = run_all(args)
     if args.json_file:
         args.json_file.write_text(json.dumps(report) + "\n")
     print(json.dumps(report) if args.json else "\n".join(lines(report)))
