@@ -465,8 +465,8 @@ def lines(r: dict[str, Any]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     missing = missing_modules()
     if missing:
-        print(f"error: cannot import {', '.join(missing)} (tools/gpu/README.md: carry the DeepSpeed wheel and put "
-              f"its folder on PYTHONPATH)", file=sys.stderr)
+        print(f"error: cannot import {', '.join(missing)} (torch and transformers come with the machine; DeepSpeed "
+              f"as carried wheels unpacked onto PYTHONPATH: tools/gpu/README.md)", file=sys.stderr)
         return 2
     args = parse(argv)
     if args.tiny:
