@@ -107,7 +107,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
             setattr(args, key, defaults[key])
     if args.steps < 1 or args.warmup < 0 or args.passes < 1 or args.probe_steps < STOP_AFTER + 1:
         ap.error(f"--steps >= 1, --warmup >= 0, --passes >= 1, --probe-steps >= {STOP_AFTER + 1}")
-    if args.seq_len is not None and not 2 <= args.prompt_tokens < args.seq_len:
+    args.seq_len = args.seq_len or flagship_config().model.max_model_len
+    if not 2 <= args.prompt_tokens < args.seq_len:
         ap.error("--prompt-tokens must be at least 2 and less than --seq-len")
     if args.lr is not None and args.lr <= 0 or args.peak_tflops is not None and args.peak_tflops <= 0:
         ap.error("--lr and --peak-tflops must be positive")
@@ -203,7 +204,8 @@ def memory_figures(cfg: Any, model: Any, shape: dict[str, Any], args: argparse.N
     parts = memory_estimate(
         parameters=sum(p.numel() for p in model.parameters()), dtype_bytes=model.dtype.itemsize, ranks=1,
         zero_stage=cfg.zero_stage, rows=1, seq_len=args.seq_len, hidden=shape["hidden_size"],
-        layers=shape["num_hidden_layers"], vocab=shape["vocab_size"], gradient_checkpointing=True,
+        layers=shape["num_hidden_layers"], vocab=shape["vocab_size"],
+        gradient_checkpointing=bool(model.is_gradient_checkpointing),
         rollout="torch", vllm_fraction=0.0, gpu_bytes=gpu_bytes, chunk_tokens=chunks.tokens,
         chunk_vocab=chunks.vocab)
     tensors = parts["total"] - sum(parts[k] for k in NON_TENSOR_TERMS)
@@ -238,7 +240,8 @@ def probe_backends(policy: Any, shape: dict[str, Any], dtype: Any, device: Any, 
 
 def template_check(cfg: Any, plant: bool, folder: Path) -> tuple[dict[str, Any], Any]:
     """train/chat_template.check of a Qwen3-style template with the default keywords and with the
-    flagship spec's; returns the figures and the codec with the flagship's keywords."""
+    flagship spec's; returns the figures and the codec with the flagship's keywords (the run's: its
+    template aside, what the training and the probe read of it is that no token is environment-only)."""
     from ggpo_batch.train import chat_template, tiny_hf
     from ggpo_batch.train.codec import HfCodec
 
@@ -391,7 +394,6 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
     device = torch.device("cuda:0" if cuda else "cpu")
     cfg = flagship_config()
     shape = TINY if args.tiny else QWEN3_1_7B
-    args.seq_len = args.seq_len or cfg.model.max_model_len
     peak = args.peak_tflops or (H200_BF16_DENSE_TFLOPS if cuda else None)
     with tempfile.TemporaryDirectory(prefix="ggpo-flagship-") as tmp:
         template, codec = template_check(cfg, args.plant_template, Path(tmp))
