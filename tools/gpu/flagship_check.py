@@ -422,6 +422,7 @@ def run_all(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def lines(r: dict[str, Any]) -> list[str]:
+    """The report for a person: one line a part, the memory terms and the planted defects under theirs."""
     t, m, p, tp = r["training"], r["memory"], r["probe"], r["template"]
     mfu = f"{100 * t['mfu']:.1f}% of {t['peak_tflops']:g} TFLOP/s" if t["mfu"] is not None else "n/a (no peak on CPU)"
     head = (f"device {r['device']}; torch {r['versions']['torch']}, transformers {r['versions']['transformers']}, "
