@@ -44,8 +44,8 @@ GIB = 1 << 30
 ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = {False: 34, True: 2}  # 16-bit, by gradient checkpointing
 # DeepSpeed ZeRO's defaults (deepspeed/runtime/zero/config.py: reduce_bucket_size and
 # allgather_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7, sub_group_size 1e9,
-# overlap_comm off at stage 2 and on at stage 3); the trainer's ds_config sets only the stage
-# (tests/train/hf/test_gpu_memory_terms.py reads them back from its engine).
+# overlap_comm off at stage 2 and on at stage 3); the policy engine's config (train/engine_config.py)
+# sets only the stage (tests/train/hf/test_gpu_memory_terms.py reads them back from its engine).
 REDUCE_BUCKET_ELEMENTS = 500_000_000
 ALLGATHER_BUCKET_ELEMENTS = 500_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000

@@ -123,6 +123,13 @@ def load_model(folder: Path, *, dtype: str, attn_implementation: str, gradient_c
             setattr(config, key, 0.0)
     model = AutoModelForCausalLM.from_pretrained(str(folder), config=config, local_files_only=True,
                                                  dtype=getattr(torch, dtype), attn_implementation=attn_implementation)
+    return training_mode(model, gradient_checkpointing)
+
+
+def training_mode(model: Any, gradient_checkpointing: bool) -> Any:
+    """`model` set up as the policy trains (returned): with gradient checkpointing (non-reentrant, the
+    KV cache off) in train mode, else in eval mode. Dropout must already be 0 (`load_model` sees to
+    it; tools/gpu/flagship_check.py builds its model from a config with none)."""
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False

@@ -40,6 +40,11 @@ THINKING_CHAT_TEMPLATE = (
     "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}"
     "{%- endif %}"
 )
+# A thinking-only template (as Qwen3-Thinking-2507's and DeepSeek-R1's): the generation prompt opens
+# the reasoning block itself, and no keyword closes it (what train/chat_template.check must refuse
+# whatever the spec's keywords).
+ALWAYS_THINKING_CHAT_TEMPLATE = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'",
+                                                      "'<|im_start|>assistant\n<think>\n'")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 
 

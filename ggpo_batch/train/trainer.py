@@ -28,12 +28,13 @@ from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
 from .deepspeed_import import import_deepspeed
+from .engine_config import policy_engine_config
 from .environment import GENERATED, Trajectory, start
 from .ggpo import ggpo_loss, group_advantages, truncated_is_weights
 from .logprobs import Chunks, masked_logprobs
 from .memory_order import free_cached_blocks, update_then_refill
 from .model import initial_policy, named_full_parameters, update_digest
-from .reference import Reference, zero3_settings
+from .reference import Reference
 from .retrieval import Retriever
 from .rollouts import run_episodes
 from .step_figures import StepFigures
@@ -85,17 +86,8 @@ class Trainer:
         behaviour = (copy.deepcopy(model).to(device).requires_grad_(False).eval()
                      if cfg.rollout == "torch" and not self.shares_policy else model)
         self.micro_batches = micro_batches(cfg, world)
-        ds_config = {
-            "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes train.micro_batch_size rows
-            "gradient_accumulation_steps": self.micro_batches,
-            "gradient_clipping": cfg.grad_clip,
-            "zero_optimization": zero3_settings(model) if cfg.zero_stage == 3 else {"stage": cfg.zero_stage},
-            "optimizer": {"type": "AdamW", "params": {"lr": cfg.lr, "weight_decay": 0.0, "torch_adam": True}},
-            "bf16": {"enabled": bf16},
-            "fp16": {"enabled": fp16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
+        ds_config = policy_engine_config(model, zero_stage=cfg.zero_stage, micro_batches=self.micro_batches,
+                                         grad_clip=cfg.grad_clip, lr=cfg.lr, bf16=bf16, fp16=fp16)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed,
                         "device_index": device.index, "model_dir": self.model_dir,

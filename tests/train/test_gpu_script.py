@@ -1,11 +1,16 @@
-"""tools/gpu/train_qwen05b.py, the GPU check of a Qwen2-0.5B-shaped model, run here with --tiny on the
-CPU: it trains through both ZeRO stages, measures every figure it prints, and its probe passes."""
+"""tools/gpu/flagship_check.py, the one-shot GPU check of the flagship shape, run here with --tiny on the
+CPU: every figure it prints is present and agrees with the package's own formulas, every check passes
+on the correct run and fails on a planted defect, and neither the script nor the package code it
+runs imports anything the lent GPU machine lacks (it has torch, transformers and a carried DeepSpeed
+wheel only)."""
 
 from __future__ import annotations
 
+import configparser
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -14,25 +19,160 @@ import pytest
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
-SCRIPT = REPO / "tools" / "gpu" / "train_qwen05b.py"
+SCRIPT = REPO / "tools" / "gpu" / "flagship_check.py"
+ENV = dict(os.environ, OMP_NUM_THREADS="1")
+# Runs SCRIPT with an import guard: a module the GPU machine lacks, imported from this checkout's
+# code (the package, tools/), fails as it would there. Third-party code's optional imports (torch's
+# of redis, DeepSpeed's of mlflow) are theirs: they handle an ImportError, and the device has none.
+GUARD = """
+import importlib.abc, runpy, sys
+repo, blocked, script, *argv = sys.argv[1:]
+blocked = set(blocked.split(","))
+class Guard(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] not in blocked:
+            return None
+        f = sys._getframe(1)
+        while f is not None and f.f_code.co_filename.startswith("<frozen"):
+            f = f.f_back
+        where = f.f_code.co_filename if f is not None else ""
+        if where.startswith(repo) and "/.venv/" not in where:
+            raise ModuleNotFoundError(f"no module {name!r} on the GPU machine (imported by {where})", name=name)
+        return None
+sys.meta_path.insert(0, Guard())
+sys.argv = [script, *argv]
+runpy.run_path(script, run_name="__main__")
+"""
 
 
-def test_tiny_run_reports_every_figure_for_both_stages():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--json"], cwd=REPO, capture_output=True, text=True,
-                         timeout=400, env=dict(os.environ, OMP_NUM_THREADS="1"), check=False)
+def not_on_the_device() -> list[str]:
+    """The package's own requirements (none of which the GPU machine has), and vLLM."""
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO / "setup.cfg")
+    names = [re.split(r"[\[<>=~! ]", line.strip())[0].lower().replace("-", "_")
+             for line in cfg["options"]["install_requires"].splitlines() if line.strip()]
+    return [*names, "vllm"]
+
+
+def run_guarded(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", GUARD, str(REPO), ",".join(not_on_the_device()), str(SCRIPT), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout, env=ENV, check=False)
+
+
+def report_of(out: subprocess.CompletedProcess) -> dict:
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_tiny_run_reports_every_figure_and_passes_every_check():
+    from ggpo_batch.gpu_memory import memory_estimate
+    from tools.bench.probe_calibration import DEFECTS
+    from tools.gpu.flagship_check import NON_TENSOR_TERMS, STOP_AFTER, TINY, TINY_RUN
+
+    out = run_guarded("--tiny", "--json", "--peak-tflops", "2")
     assert out.returncode == 0, out.stderr[-3000:]
-    report = json.loads(out.stdout.strip().splitlines()[-1])
-    assert report["device"] == "cpu" and [r["zero_stage"] for r in report["stages"]] == [2, 3]
-    for r in report["stages"]:
-        assert r["steps"] == 3 and r["timed_steps"] == 2
-        assert r["rollout_tokens_per_second"] > 0 and r["train_tokens_per_second"] > 0
-        assert r["train_model_tflops"] > 0 and r["mfu"] is None and r["peak_gpu_memory_gib"] is None  # CPU
-        assert len(r["weight_sync_seconds"]) == 3 and all(s > 0 for s in r["weight_sync_seconds"])
-        assert r["probe"]["passed"] and r["probe"]["largest_gap"] <= r["probe"]["bound"]
-        assert len(r["loss"]) == 3 and all(math.isfinite(x) for x in r["loss"])
+    r = report_of(out)
+    assert r["schema"] == 1 and r["device"] == "cpu" and r["tiny"] is True and r["passed"] is True
+    assert r["checks"] == {"probe": True, "template": True, "memory": None}  # memory: measured on a GPU only
+    assert r["model"]["architecture"] == "Qwen3ForCausalLM" and r["model"]["shape"] == TINY
+    n = r["model"]["parameters"]
+
+    # Training as the trainer trains: ZeRO-2, checkpointing on, SDPA, chunked log-probs, timed steps.
+    t = r["training"]
+    assert (t["zero_stage"], t["ranks"], t["dtype"], t["gradient_checkpointing"], t["attn_implementation"]) == \
+        (2, 1, "bfloat16", True, "sdpa")
+    assert (t["chunks"]["tokens"], t["chunks"]["vocab"]) == (TINY_RUN["chunk_tokens"], TINY_RUN["chunk_vocab"])
+    assert t["timed_steps"] == TINY_RUN["steps"] and len(t["step_seconds"]) == TINY_RUN["warmup"] + TINY_RUN["steps"]
+    assert all(s > 0 for s in t["step_seconds"]) and all(math.isfinite(x) for x in t["loss"])
+    timed = sum(t["step_seconds"][t["warmup_steps"]:])
+    tokens = t["timed_steps"] * t["passes_per_step"] * t["seq_len"]
+    assert t["tokens_per_second"] == pytest.approx(tokens / timed)
+    assert t["model_tflops"] == pytest.approx(6 * n * tokens / timed / 1e12)
+    assert t["peak_tflops"] == 2 and t["mfu"] == pytest.approx(t["model_tflops"] / 2)
+
+    # Memory: gpu_memory.py's estimate for this very shape and run, its tensor terms apart.
+    m = r["memory"]
+    gib = 1 << 30
+    expected = memory_estimate(
+        parameters=n, dtype_bytes=2, ranks=1, zero_stage=2, rows=1, seq_len=t["seq_len"],
+        hidden=TINY["hidden_size"], layers=TINY["num_hidden_layers"], vocab=TINY["vocab_size"],
+        gradient_checkpointing=True, rollout="torch", vllm_fraction=0.0, gpu_bytes=0,
+        chunk_tokens=t["chunks"]["tokens"], chunk_vocab=t["chunks"]["vocab"])
+    assert m["estimate_gib"] == pytest.approx({k: v / gib for k, v in expected.items()})
+    assert m["estimate_tensors_gib"] == pytest.approx(
+        (expected["total"] - sum(expected[k] for k in NON_TENSOR_TERMS)) / gib)
+    assert m["max_allocated_gib"] is None and m["within_estimate"] is None
+
+    # The probe, SDPA policy against an eager copy: every push passes, each with its statistics.
+    p = r["probe"]
+    assert p["passed"] is True and p["planted"] is None and p["backend"] == "eager attention, bfloat16"
+    assert p["steps_checked"] == TINY_RUN["probe_steps"] and p["failed_steps"] == []
+    assert len(p["steps"]) == TINY_RUN["probe_steps"] + 1 and p["steps"][0]["step"] == -1  # the baseline first
+    assert 0 < p["baseline"] and p["largest_gap"] <= p["bound"] and len(p["push_seconds"]) == TINY_RUN["probe_steps"]
+    assert p["decisive_steps"] > 0  # at --tiny's learning rate the policy moves past the noise
+    assert set(p["defects"]) == set(DEFECTS)
+    stopped = p["defects"]["stopped"]
+    assert stopped["caught_at_step"] is not None and stopped["caught_at_step"] >= STOP_AFTER
+
+    # The thinking template: refused at its default, passed with the flagship spec's keywords.
+    tp = r["template"]
+    assert tp["passed"] is True and tp["flagship"]["kwargs"] == {"enable_thinking": False}
+    assert any("enable_thinking" in line for line in tp["default"]["problems"])
+    assert tp["flagship"]["problems"] == [] and tp["flagship"]["prompt_end"].endswith("<think>\n\n</think>\n\n")
 
 
-def test_bad_stage_is_a_usage_error():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--stages", "1"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60, check=False)
-    assert out.returncode == 2 and "--stages" in out.stderr
+def test_planted_defects_fail_their_checks_and_the_exit_code(tmp_path):
+    """A push that stops after STOP_AFTER pushes, and a thinking-only template without a switch."""
+    saved = tmp_path / "report.json"
+    out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--plant-probe", "stopped", "--plant-template",
+                          "--json-file", str(saved)], cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV,
+                         check=False)
+    assert out.returncode == 1, out.stderr[-3000:]
+    assert "checks: probe False, template False, memory None -> FAILED: probe, template" in out.stdout
+    r = json.loads(saved.read_text())
+    assert r["passed"] is False and r["checks"] == {"probe": False, "template": False, "memory": None}
+    assert r["probe"]["planted"] == "stopped" and r["probe"]["failed_steps"]
+    flagship = " ".join(r["template"]["flagship"]["problems"])
+    assert "never read" in flagship and "open <think> reasoning block" in flagship
+
+
+def test_bad_arguments_and_a_missing_module_exit_2():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--tiny", "--probe-steps", "1"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120, env=ENV, check=False)
+    assert out.returncode == 2 and "--probe-steps" in out.stderr
+    # -S: without site-packages, as on a machine where the DeepSpeed wheel was not carried (nor the rest).
+    out = subprocess.run([sys.executable, "-S", str(SCRIPT), "--tiny"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120, env=ENV, check=False)
+    assert out.returncode == 2 and "cannot import torch, transformers, deepspeed" in out.stderr
+
+
+def test_the_flagship_shape_is_qwen3_1_7b():
+    """Its published parameter count (tied embeddings), built on the meta device: no memory, no time."""
+    import torch
+
+    from tools.gpu.flagship_check import QWEN3_1_7B, build
+
+    model = build(QWEN3_1_7B, torch.bfloat16, "meta", "sdpa")
+    assert sum(p.numel() for p in model.parameters()) == 1_720_574_976
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_carried_wheels_unpack_only_where_they_fit(tmp_path):
+    """tools/gpu/unpack_wheels.py: pure-Python wheels, this CPython's and the stable ABI's; not another's."""
+    import zipfile
+
+    from tools.gpu.unpack_wheels import fits, main
+
+    assert fits("deepspeed-0.19.8-py3-none-any.whl", (3, 12))
+    assert fits("pydantic_core-2.50.5-cp312-cp312-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", (3, 12))
+    assert not fits("pydantic_core-2.50.5-cp311-cp311-manylinux2014_x86_64.manylinux_2_17_x86_64.whl", (3, 12))
+    assert fits("psutil-7.2.2-cp36-abi3-manylinux2010_x86_64.whl", (3, 12))
+    assert not fits("future-1.0-cp313-abi3-manylinux2010_x86_64.whl", (3, 12))
+    here = f"cp{sys.version_info[0]}{sys.version_info[1]}"
+    names = {"pure-1.0-py3-none-any.whl": "pure", f"native-1.0-{here}-{here}-linux_x86_64.whl": "native",
+             "other-1.0-cp27-cp27mu-linux_x86_64.whl": "other"}
+    for name, package in names.items():
+        with zipfile.ZipFile(tmp_path / name, "w") as z:
+            z.writestr(f"{package}/__init__.py", "")
+    assert main([str(tmp_path), str(tmp_path / "site")]) == 0
+    assert sorted(p.name for p in (tmp_path / "site").iterdir()) == ["native", "pure"]
+    assert main([str(tmp_path / "site"), str(tmp_path / "none")]) == 2  # no wheel there

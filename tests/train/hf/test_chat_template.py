@@ -15,6 +15,7 @@ from ggpo_batch.spec import load_spec
 from ggpo_batch.train import chat_template
 from ggpo_batch.train.config import TrainConfig
 from ggpo_batch.train.tiny_hf import (
+    ALWAYS_THINKING_CHAT_TEMPLATE,
     CHAT_TEMPLATE,
     THINKING_CHAT_TEMPLATE,
     with_chat_template,
@@ -22,9 +23,7 @@ from ggpo_batch.train.tiny_hf import (
 
 FIELD = "train.model.chat_template_kwargs"
 CLOSED_EMPTY_THINK = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-# A thinking-only template (as Qwen3-Thinking-2507's and DeepSeek-R1's): the generation prompt opens
-# the reasoning block itself, and no keyword closes it.
-ALWAYS_THINKING_TEMPLATE = CHAT_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+
 
 def write_spec(write, model: Path, kwargs: str = "") -> Path:  # type: ignore[no-untyped-def]
     """The conftest's spec for `model`, with `chat_template_kwargs = kwargs` in [train.model] when given."""
@@ -91,7 +90,7 @@ def test_preflight_refuses_each_template_problem_in_one_line(case, words, write,
     elif case == "keyword never read":
         path = write_spec(write, thinking_hf, "{ enable_thinking = false, reasoning_budget = 3 }")
     else:
-        model = with_chat_template(tiny_hf, tmp_path / "always", ALWAYS_THINKING_TEMPLATE)
+        model = with_chat_template(tiny_hf, tmp_path / "always", ALWAYS_THINKING_CHAT_TEMPLATE)
         path = write_spec(write, model)
     report = preflight.check(load_spec(path))
     assert [p.field for p in report.problems] == [FIELD], report.lines()
