@@ -3,7 +3,9 @@ profile's `gpu_memory_gib` against, in one place.
 
 GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (GPUs), ZeRO stage z,
 R rows per pass (train.micro_batch_size, else the rank's whole batch (prompts_per_step/N) x
-group_size), T = max_model_len, H, L, V the checkpoint's hidden size, layers and vocabulary. Every
+group_size), T = max_model_len (R*T: a pass's tokens, at most train.max_tokens_per_pass where that
+is set, but never less than one row: train/passes.py `pass_tokens`), H, L, V the checkpoint's
+hidden size, layers and vocabulary. Every
 term is in `memory_estimate`'s result, in this order, each with its source in a comment there:
 
     weights           P*b (z = 2: every rank holds them), P*b/N (z = 3)
@@ -71,11 +73,13 @@ ALLOCATOR_SLACK_BYTES = GIB
 def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage: int, rows: int, seq_len: int,
                     hidden: int, layers: int, vocab: int, gradient_checkpointing: bool, rollout: str,
                     vllm_fraction: float, gpu_bytes: float, chunk_tokens: int = 0, chunk_vocab: int = 0,
-                    tensor_parallel_size: int = 1) -> dict[str, float]:
-    """Bytes per GPU by term (the module docstring's formula, in its order); "total" is their sum."""
+                    tensor_parallel_size: int = 1, tokens: int | None = None) -> dict[str, float]:
+    """Bytes per GPU by term (the module docstring's formula, in its order); "total" is their sum.
+    `tokens`: the most tokens one pass holds, where a token budget packs passes (train/passes.py
+    `pass_tokens`); default R*T."""
     p, b, n, z = parameters, dtype_bytes, ranks, zero_stage
     act = ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN[gradient_checkpointing]
-    tokens = rows * seq_len
+    tokens = rows * seq_len if tokens is None else tokens
     # The fp32 partition ZeRO-3 steps at a time is at most one sub-group (stage3.py's sub_group_size).
     stepped = min(p / n, SUB_GROUP_ELEMENTS) if z == 3 else p / n
     parts = {
