@@ -454,6 +454,6 @@ def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks
         report.add("experiment.profile", f"the model does not fit: ~{parts['total'] / GIB:.1f} GiB per GPU needed "
                    f"({shown}; {model['parameters']:,} parameters x {model['dtype_bytes']} bytes, ZeRO-"
                    f"{cfg.zero_stage} over {ranks} GPUs, {rows} rows x {cfg.max_model_len} tokens per pass, at most "
-                   f"{pass_tokens(cfg, ranks)} tokens), profile "
-                   f"{spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; lower train.micro_batch_size, max_tokens_per_pass or "
-                   f"max_model_len, turn on gradient_checkpointing, use zero_stage 3, or a larger GPU")
+                   f"{pass_tokens(cfg, ranks)} tokens), profile {spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; "
+                   f"lower train.micro_batch_size, max_tokens_per_pass or max_model_len, turn on "
+                   f"gradient_checkpointing, use zero_stage 3, or a larger GPU")
