@@ -4,11 +4,11 @@ the same budget the trainer packs to.
 
 A pass holds at most `train.micro_batch_size` rows (0: no bound) and at most `max_tokens_per_pass`
 padded tokens: each row of a pass is padded to the pass's own longest row, so a pass costs
-rows x its longest row. Rows go in longest first, each pass taking the next rows while they fit:
-consecutive rows of the sorted order have similar lengths (little padding), and since every pass
-takes as many rows as fit, no partition of the rows needs fewer passes (taking a row later never
-lowers a pass's width, so a greedy pass is never worse than any other choice). A row longer than the
-budget still goes, alone, in a pass of its own: rows are never cut.
+rows x its longest row. Rows are sorted longest first and each pass is a run of consecutive rows
+(similar lengths: little padding): first the fewest passes there can be (each pass taking as many
+rows as fit), then, with that many, the runs with the least padding (a small dynamic program).
+Fewest passes first: a pass has a fixed cost beside its tokens (on a GPU each one reduces the whole
+gradients). A row longer than the budget still goes, alone, in a pass of its own: rows are never cut.
 
 The number of passes a step runs is the most any rank needs (trainer.py agrees on it with one
 collective); a rank with fewer runs filler passes (`FILLER`) so ZeRO's collectives pair up.
@@ -16,6 +16,7 @@ collective); a rank with fewer runs filler passes (`FILLER`) so ZeRO's collectiv
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -65,21 +66,57 @@ def pass_tokens(cfg: TrainConfig, ranks: int, seq_len: int | None = None) -> int
 
 def plan(lengths: Sequence[int], budget: int, max_rows: int = 0) -> list[Pass]:
     """The fewest passes of rows of these `lengths` (tokens, by row index) that each hold at most
-    `budget` padded tokens and `max_rows` rows (0: any number), longest rows first (ties by index,
-    so every rank and rerun packs alike). No rows: no passes."""
+    `budget` padded tokens and `max_rows` rows (0: any number), and among those the least padding:
+    rows longest first (ties by index, so every rank and rerun packs alike), each pass a run of
+    consecutive rows of that order. No rows: no passes."""
     if budget < 1 or max_rows < 0:
         raise ValueError(f"budget must be >= 1 and max_rows >= 0, got {budget} and {max_rows}")
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
-    passes: list[Pass] = []
-    at = 0
-    while at < len(order):
-        width = lengths[order[at]]  # the pass's longest row: the first, in this order
-        take = max(1, budget // width) if width else len(order) - at
-        if max_rows:
-            take = min(take, max_rows)
-        passes.append(Pass(tuple(order[at:at + take]), width))
-        at += take
-    return passes
+    sizes = [lengths[i] for i in order]
+    fewest = _greedy_count(sizes, budget, max_rows)
+    cuts = _least_padding(sizes, budget, max_rows, fewest)
+    return [Pass(tuple(order[a:b]), sizes[a]) for a, b in itertools.pairwise(cuts)]
+
+
+def _fits(count: int, width: int, budget: int, max_rows: int) -> bool:
+    """Can `count` rows, the longest `width` tokens, share one pass? (One row always goes.)"""
+    return (count == 1 or count * width <= budget) and (not max_rows or count <= max_rows)
+
+
+def _greedy_count(sizes: list[int], budget: int, max_rows: int) -> int:
+    """Passes when each takes as many of the next rows (longest first) as fit: the fewest there are,
+    since a pass taking a row later never makes a later pass wider."""
+    count = at = 0
+    while at < len(sizes):
+        take = 1
+        while at + take < len(sizes) and _fits(take + 1, sizes[at], budget, max_rows):
+            take += 1
+        count, at = count + 1, at + take
+    return count
+
+
+def _least_padding(sizes: list[int], budget: int, max_rows: int, passes: int) -> list[int]:
+    """Cut points 0 = c0 < c1 < ... < c_passes = len(sizes) of the runs of `sizes` (longest first) into
+    exactly `passes` passes that fit, with the fewest padded tokens (the sum of run length x its
+    first size): dynamic programming over (rows covered, passes used); ties go to the longer first
+    runs, so the result does not depend on anything but the lengths."""
+    n, inf = len(sizes), float("inf")
+    best = [[inf] * (passes + 1) for _ in range(n + 1)]
+    back = [[0] * (passes + 1) for _ in range(n + 1)]
+    best[0][0] = 0
+    for end in range(1, n + 1):
+        for start in range(end - 1, -1, -1):  # a longer run, and a wider one: once it fails, all longer fail
+            if not _fits(end - start, sizes[start], budget, max_rows):
+                break
+            cost = (end - start) * sizes[start]
+            for used in range(1, passes + 1):
+                if best[start][used - 1] + cost < best[end][used]:
+                    best[end][used], back[end][used] = best[start][used - 1] + cost, start
+    cuts, end = [n], n
+    for used in range(passes, 0, -1):
+        end = back[end][used]
+        cuts.append(end)
+    return cuts[::-1]
 
 
 def pad_to(passes: list[Pass], count: int) -> list[Pass]:

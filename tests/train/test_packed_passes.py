@@ -20,16 +20,20 @@ from ggpo_batch.train.passes import (
 )
 
 
-def fewest_passes(lengths: list[int], budget: int, max_rows: int) -> int:
-    """Brute force: the fewest groups of rows, each within the budget (rows x its longest) and max_rows."""
+def fewest_passes(lengths: list[int], budget: int, max_rows: int) -> tuple[int, int]:
+    """Brute force over every partition of the rows: (the fewest groups each within the budget (rows x
+    its longest) and max_rows, the fewest padded tokens of so many groups)."""
     n = len(lengths)
     for k in range(1, n + 1):
+        padded = []
         for labels in itertools.product(range(k), repeat=n):
             groups = [[lengths[i] for i in range(n) if labels[i] == g] for g in range(k)]
             if all(g and (len(g) * max(g) <= budget or len(g) == 1) and (not max_rows or len(g) <= max_rows)
                    for g in groups):
-                return k
-    return n
+                padded.append(sum(len(g) * max(g) for g in groups))
+        if padded:
+            return k, min(padded)
+    raise AssertionError("one row a group always fits")
 
 
 def test_the_plan_packs_longest_first_each_pass_padded_to_its_own_longest_row() -> None:
@@ -48,15 +52,16 @@ def test_the_plan_packs_longest_first_each_pass_padded_to_its_own_longest_row() 
         plan([3], budget=0)
 
 
-@pytest.mark.parametrize("seed", range(30))
-def test_no_partition_of_the_rows_needs_fewer_passes(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(60))
+def test_no_partition_of_the_rows_needs_fewer_passes_or_pads_less_with_as_few(seed: int) -> None:
     import random
 
     rng = random.Random(seed)
     lengths = [rng.choice([rng.randint(5, 20), rng.randint(20, 200)]) for _ in range(rng.randint(1, 6))]
     budget, max_rows = rng.randint(20, 400), rng.choice([0, 0, 1, 2, 3])
     passes = plan(lengths, budget, max_rows)
-    assert len(passes) == fewest_passes(lengths, budget, max_rows), (lengths, budget, max_rows)
+    assert (len(passes), sum(p.padded_tokens for p in passes)) == fewest_passes(lengths, budget, max_rows), (
+        lengths, budget, max_rows)
     for p in passes:
         assert p.width == max(lengths[i] for i in p.rows)
         assert len(p.rows) == 1 or p.padded_tokens <= budget
