@@ -34,7 +34,7 @@ from .ggpo import ggpo_loss, group_advantages, truncated_is_weights
 from .logprobs import Chunks, masked_logprobs
 from .memory_order import free_cached_blocks, update_then_refill
 from .model import initial_policy, named_full_parameters, update_digest
-from .passes import Pass, token_budget
+from .passes import FILLER, Pass, token_budget
 from .reference import Reference, zero3_settings
 from .retrieval import Retriever
 from .rollouts import run_episodes
@@ -205,8 +205,8 @@ class Trainer:
             st.tally["rl_sequence_nonpadding_tokens"] += tokens
             st.tally["rl_sequence_padded_tokens"] += padded
             figures.add_passes(passes, padded, tokens)
-        else:
-            figures.add_passes(passes, 0, 0)
+        else:  # every pass of this rank has an empty loss mask: fillers
+            figures.add_passes([FILLER] * len(passes), 0, 0)
         ended: list[float] = []
 
         def update() -> None:
