@@ -3,7 +3,9 @@ profile's `gpu_memory_gib` against, in one place.
 
 GPU memory per GPU (bytes), for P parameters of b bytes each (dtype), N ranks (GPUs), ZeRO stage z,
 R rows per pass (train.micro_batch_size, else the rank's whole batch (prompts_per_step/N) x
-group_size), T = max_model_len, H, L, V the checkpoint's hidden size, layers and vocabulary. Every
+group_size), T = max_model_len (R*T: a pass's tokens, at most train.max_tokens_per_pass where that
+is set, but never less than one row: train/passes.py `pass_tokens`), H, L, V the checkpoint's
+hidden size, layers and vocabulary. Every
 term is in `memory_estimate`'s result, in this order, each with its source in a comment there:
 
     weights           P*b (z = 2: every rank holds them), P*b/N (z = 3)
@@ -42,15 +44,30 @@ from collections.abc import Mapping
 
 GIB = 1 << 30
 ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = {False: 34, True: 2}  # 16-bit, by gradient checkpointing
-# DeepSpeed ZeRO's defaults (deepspeed/runtime/zero/config.py: reduce_bucket_size and
-# allgather_bucket_size 5e8 elements, stage3_prefetch_bucket_size 5e7, sub_group_size 1e9,
-# overlap_comm off at stage 2 and on at stage 3); the policy engine's config (train/engine_config.py)
-# sets only the stage (tests/train/hf/test_gpu_memory_terms.py reads them back from its engine).
-REDUCE_BUCKET_ELEMENTS = 500_000_000
-ALLGATHER_BUCKET_ELEMENTS = 500_000_000
+# ZeRO's communication on a GPU, which the policy engine's config (train/engine_config.py) sets
+# through `zero_communication`: gradients
+# are reduced on a side stream while the backward pass goes on (overlap_comm, on at both stages), in
+# buckets of 2e8 elements (Hugging Face transformers' ZeRO-2 configuration, tests/deepspeed/
+# ds_config_zero2.json: allgather and reduce buckets 2e8 with overlap_comm) rather than DeepSpeed's
+# 5e8 default: with overlap_comm ZeRO-2 keeps two reduce buckets, and a smaller one starts reducing
+# earlier in the backward pass. DeepSpeed's other defaults (deepspeed/runtime/zero/
+# config.py: stage3_prefetch_bucket_size 5e7, sub_group_size 1e9) stay. On the CPU (gloo) the
+# engine keeps DeepSpeed's defaults: 5e8, overlap off at stage 2 (tests/train/hf/
+# test_gpu_memory_terms.py reads both back from engines).
+REDUCE_BUCKET_ELEMENTS = 200_000_000
+ALLGATHER_BUCKET_ELEMENTS = 200_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000
 SUB_GROUP_ELEMENTS = 1_000_000_000
-OVERLAP_COMM = {2: False, 3: True}
+OVERLAP_COMM = {2: True, 3: True}
+
+
+def zero_communication(gpu: bool) -> dict[str, object]:
+    """The `zero_optimization` entries the trainer adds to the stage's own on a GPU (the values above);
+    none on the CPU."""
+    if not gpu:
+        return {}
+    return {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS,
+            "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS}
 # Measured by vLLM on one 80 GB H100 (vllm-project/vllm#10511, its profiler's sanity check):
 # non-torch memory 1.79 GiB for one process at tensor_parallel_size 1 (CUDA context, cuBLAS/cuDNN
 # workspaces, kernels), 3.58 GiB at 2 (one NCCL communicator more). PyTorch's own CUDA context alone
@@ -71,11 +88,13 @@ ALLOCATOR_SLACK_BYTES = GIB
 def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage: int, rows: int, seq_len: int,
                     hidden: int, layers: int, vocab: int, gradient_checkpointing: bool, rollout: str,
                     vllm_fraction: float, gpu_bytes: float, chunk_tokens: int = 0, chunk_vocab: int = 0,
-                    tensor_parallel_size: int = 1) -> dict[str, float]:
-    """Bytes per GPU by term (the module docstring's formula, in its order); "total" is their sum."""
+                    tensor_parallel_size: int = 1, tokens: int | None = None) -> dict[str, float]:
+    """Bytes per GPU by term (the module docstring's formula, in its order); "total" is their sum.
+    `tokens`: the most tokens one pass holds, where a token budget packs passes (train/passes.py
+    `pass_tokens`); default R*T."""
     p, b, n, z = parameters, dtype_bytes, ranks, zero_stage
     act = ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN[gradient_checkpointing]
-    tokens = rows * seq_len
+    tokens = rows * seq_len if tokens is None else tokens
     # The fp32 partition ZeRO-3 steps at a time is at most one sub-group (stage3.py's sub_group_size).
     stepped = min(p / n, SUB_GROUP_ELEMENTS) if z == 3 else p / n
     parts = {

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GgpoError, SpecError
 from .gpu_memory import GIB, memory_estimate
+from .train.passes import pass_tokens, rows_per_pass
 
 if TYPE_CHECKING:
     from .runspec import ArmSpec
@@ -428,18 +429,14 @@ def _precision(spec: ExperimentSpec, cfg: TrainConfig, report: Report) -> None:
                        f"trains on the CPU: use sdpa or eager")
 
 
-def rows_per_pass(cfg: TrainConfig, ranks: int) -> int:
-    """Trajectories one forward/backward pass holds: train.micro_batch_size, else the rank's whole batch."""
-    return cfg.micro_batch_size or max(1, cfg.prompts_per_step // ranks) * cfg.group_size
-
-
 def memory_parts(cfg: TrainConfig, model: Mapping[str, Any], ranks: int, gpu_bytes: float,
                  seq_len: int | None = None) -> dict[str, float]:
     """gpu_memory.memory_estimate of `cfg` on a model of shape `model` (parameters, dtype_bytes,
     hidden, layers, vocab) at `seq_len` tokens (default: the config's max_model_len)."""
     return memory_estimate(
         parameters=model["parameters"], dtype_bytes=model["dtype_bytes"], ranks=ranks, zero_stage=cfg.zero_stage,
-        rows=rows_per_pass(cfg, ranks), seq_len=seq_len or cfg.max_model_len, hidden=model["hidden"],
+        rows=rows_per_pass(cfg, ranks), seq_len=seq_len or cfg.max_model_len,
+        tokens=pass_tokens(cfg, ranks, seq_len), hidden=model["hidden"],
         layers=model["layers"], vocab=model["vocab"],
         gradient_checkpointing=bool(cfg.model and cfg.model.gradient_checkpointing), rollout=cfg.rollout,
         vllm_fraction=cfg.vllm_gpu_memory_utilization, gpu_bytes=gpu_bytes, chunk_tokens=cfg.logprob_chunk_tokens,
@@ -456,6 +453,7 @@ def _memory(spec: ExperimentSpec, cfg: TrainConfig, model: dict[str, Any], ranks
         shown = ", ".join(f"{k} {v / GIB:.1f}" for k, v in parts.items() if k != "total")
         report.add("experiment.profile", f"the model does not fit: ~{parts['total'] / GIB:.1f} GiB per GPU needed "
                    f"({shown}; {model['parameters']:,} parameters x {model['dtype_bytes']} bytes, ZeRO-"
-                   f"{cfg.zero_stage} over {ranks} GPUs, {rows} rows x {cfg.max_model_len} tokens per pass), profile "
-                   f"{spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; lower train.micro_batch_size or "
-                   f"max_model_len, turn on gradient_checkpointing, use zero_stage 3, or a larger GPU")
+                   f"{cfg.zero_stage} over {ranks} GPUs, {rows} rows x {cfg.max_model_len} tokens per pass, at most "
+                   f"{pass_tokens(cfg, ranks)} tokens), profile {spec.profile!r} has {gpu_bytes / GIB:g} GiB GPUs; "
+                   f"lower train.micro_batch_size, max_tokens_per_pass or max_model_len, turn on "
+                   f"gradient_checkpointing, use zero_stage 3, or a larger GPU")

@@ -41,12 +41,12 @@ SCHEMAS: dict[str, Schema] = {
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
                          ("components", "components.*.nights.metrics", "components.*.moved")),
-    "report": Schema(3, "ggpo-batch report NAME --json (or --format json)",
+    "report": Schema(4, "ggpo-batch report NAME --json (or --format json)",
                      "One experiment's outcome per arm with intervals, paired differences, cost; warnings first. "
                      "`outcome_set` says whose outcome (`report --outcomes`); `train` is the spec's `[train]` "
                      "table as the run specs hold it.",
                      _REPORT_MAPS, ("train",)),
-    "report_comparison": Schema(3, "ggpo-batch report A B --json",
+    "report_comparison": Schema(4, "ggpo-batch report A B --json",
                                 "Two experiments (or versions) side by side.",
                                 ("arms", "paired_vs_baseline",
                                  *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS)),
@@ -74,7 +74,7 @@ SCHEMAS: dict[str, Schema] = {
                             "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
                     "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),
-    "dashboard_experiment": Schema(5, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(6, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    ("status.arms", "status.arms.*.states", "status.totals.states",
                                     *(f"report.{p}" for p in _REPORT_MAPS)), ("report.train",)),

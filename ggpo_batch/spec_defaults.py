@@ -78,7 +78,8 @@ def _memory_fit(spec: ExperimentSpec, folder: Path, config: Mapping[str, Any], t
     """(the longest length in lo..hi whose estimate fits the profile's GPU, how) or None: no GPU size
     known, or not even `lo` fits (preflight then says the model does not fit)."""
     from .gpu_memory import GIB
-    from .preflight import allocation, memory_parts, rows_per_pass
+    from .preflight import allocation, memory_parts
+    from .train.passes import rows_per_pass
     from .train import checkpoint_files, hf
     from .train.config import TrainConfig
 

@@ -241,6 +241,10 @@ FIELDS: tuple[Field, ...] = (
     F("train.lr", "number", 1e-3, "AdamW's learning rate.", lo=0, open_lo=True),
     F("train.micro_batch_size", "integer", 0, "Trajectories per forward/backward pass, gradients accumulated; "
       "0 = the rank's whole batch.", lo=0, rule="was `micro_batch_rows` (refused with the new name)"),
+    F("train.max_tokens_per_pass", "integer", 0, "Padded tokens per forward/backward pass: each rank packs its rows, "
+      "longest first, into as few passes as fit (each padded to its own longest row); 0 = what the memory "
+      "estimate is checked at, rows per pass x max_model_len.", lo=0,
+      rule="a row longer than it goes alone in a pass; `micro_batch_size` still bounds the rows of a pass"),
     F("train.logprob_chunk_tokens", "integer", 1024, "Masked tokens per log-prob chunk; 0 = full logits.", lo=0),
     F("train.logprob_chunk_vocab", "integer", 8192, "Vocabulary rows of the LM head per log-prob chunk.", lo=1),
     F("train.grad_clip", "number", 1.0, "Gradient norm clip.", lo=0),

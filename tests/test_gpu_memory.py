@@ -30,7 +30,7 @@ def test_each_term_of_the_flagship_shape_against_bytes_computed_by_hand():
     # The optimizer step: the bf16 gradient partition cast to float32 (4 bytes x P / 4) and foreach
     # AdamW's float32 sqrt of the second moment, as large.
     assert parts["fp32_gradients"] == 1_720_574_976 == parts["adam_step"]
-    assert parts["reduce_bucket"] == 1_000_000_000  # 5e8 elements x 2 bytes, one buffer (no overlap_comm at ZeRO-2)
+    assert parts["reduce_bucket"] == 800_000_000  # 2e8 elements x 2 bytes, two buffers (overlap_comm at ZeRO-2)
     assert parts["allgather_bucket"] == 0  # ZeRO-2 gathers the updated partitions in place
     assert parts["rollout"] == 0.35 * 80 * GIB
     assert parts["activations"] == 8192 * 2048 * 28 * 2 == 939_524_096
@@ -50,11 +50,11 @@ def test_each_term_of_the_flagship_shape_against_bytes_computed_by_hand():
 def test_the_terms_follow_the_stage_dtype_and_engines():
     z3 = memory_estimate(**{**FLAGSHIP, "zero_stage": 3})
     assert z3["allgather_bucket"] == 50_000_000 * 2  # stage 3's prefetch bucket
-    assert z3["reduce_bucket"] == 1_000_000_000 and z3["fp32_gradients"] == P  # P / 4 < one 1e9 sub-group
+    assert z3["reduce_bucket"] == 400_000_000 and z3["fp32_gradients"] == P  # one bucket; P / 4 < one 1e9 sub-group
     big = memory_estimate(**{**FLAGSHIP, "zero_stage": 3, "parameters": 8_000_000_000, "ranks": 2})
     assert big["fp32_gradients"] == big["adam_step"] == 4 * 1_000_000_000  # capped at sub_group_size
     fp32 = memory_estimate(**{**FLAGSHIP, "dtype_bytes": 4})
-    assert fp32["fp32_gradients"] == 0 and fp32["reduce_bucket"] == 2_000_000_000  # the cast is the partition itself
+    assert fp32["fp32_gradients"] == 0 and fp32["reduce_bucket"] == 1_600_000_000  # the cast is the partition itself
     assert memory_estimate(**{**FLAGSHIP, "tensor_parallel_size": 2})["nccl"] == 3 * CONTEXT  # + the engine's TP group
     assert memory_estimate(**{**FLAGSHIP, "rollout": "torch", "tensor_parallel_size": 2})["nccl"] == 2 * CONTEXT
     plain = memory_estimate(**{**FLAGSHIP, "gradient_checkpointing": False, "chunk_tokens": 0})
@@ -65,7 +65,7 @@ def test_the_breakdown_prints_every_term_against_the_gpu():
     gib = {k: round(v / GIB, 2) for k, v in memory_estimate(**FLAGSHIP).items()}
     lines = breakdown(gib, 80)
     assert [ln.split()[0] for ln in lines] == TERMS
-    assert lines[-1].endswith("GiB of 80 GiB per GPU: fits") and " 52.81 GiB" in lines[-1]
+    assert lines[-1].endswith("GiB of 80 GiB per GPU: fits") and " 52.62 GiB" in lines[-1]
     assert breakdown({**gib, "total": 81.0}, 80)[-1].endswith("does NOT fit")
 
 
@@ -99,7 +99,7 @@ def test_the_flagship_dry_run_prints_the_completed_breakdown(flagship, ledger, e
     shown = out[at + 1: at + 1 + len(TERMS)]
     assert [ln.split()[0] for ln in shown] == TERMS
     values = {ln.split()[0]: float(ln.split()[1]) for ln in shown}
-    assert values["fp32_gradients"] == values["adam_step"] == 1.6 and values["reduce_bucket"] == 0.93
+    assert values["fp32_gradients"] == values["adam_step"] == 1.6 and values["reduce_bucket"] == 0.75
     assert values["recomputed_layer"] == 0.53 and values["lm_head_gradient"] == 0.64 and values["nccl"] == 3.6
     assert shown[-1].endswith("GiB of 80 GiB per GPU: fits")
     res = CliRunner().invoke(cli, ["enqueue", str(flagship), "--dry-run", "--json"], catch_exceptions=False)

@@ -59,6 +59,10 @@ def test_per_arm_figures_match_the_seed_file_exactly(ledger) -> None:  # type: i
         assert a["exposure_templates"] == dict(templates)
         for r in recs:
             assert a["per_seed"][str(r["seed"])]["steps"] == r["training"]["counts"]["steps"]
+        # The padding ratio: the update's padded tokens over its non-padded ones, summed over the arm's runs.
+        padded, real = (math.fsum(r["training"]["cost"][k] for r in recs)
+                        for k in ("rl_sequence_padded_tokens", "rl_sequence_nonpadding_tokens"))
+        assert a["padding_ratio"] == pytest.approx(padded / real, rel=1e-12) and a["padding_ratio"] > 2.0
     # The auxiliary-loss arms carry the aux token counts; the others do not invent them.
     assert "aux_loss_tokens" in rep["arms"]["paired_answer"]["tokens"]
     assert "aux_loss_tokens" not in rep["arms"]["clean"]["tokens"]
@@ -167,6 +171,9 @@ def test_cli_report_decide_and_status(env: dict[str, str], tmp_path: Path) -> No
     assert all(Path(p).stat().st_size > 10_000 for p in data["plots"])
     table = _cli("report", NAME)
     assert table.exit_code == 0 and "paired by seed" in table.output and "57.2974" in table.output
+    ratio = data["arms"]["clean"]["padding_ratio"]
+    assert "padded/tok" in table.output  # the cost table's column, the clean arm's ratio in its row
+    assert any("clean" in line and f" {ratio:.2f} " in line for line in table.output.splitlines()), table.output
     assert _cli("report", "ghost").exit_code == 2
 
     # A run that failed and runs decided not to reproduce: status keeps them apart.

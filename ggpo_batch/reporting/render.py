@@ -103,13 +103,14 @@ def report_tables(data: Mapping[str, Any]) -> list[Table]:
         out.append(t)
     if arms:
         t = Table(f"{heading(data)}: cost per arm, mean ± sample std over n runs",
-                  ["arm", "n", "steps", "loop s", "GPU-h/run", "GPU-h total", "overshoot", "generated tok", "exposed",
-                   "exposed, nonzero adv"])
+                  ["arm", "n", "steps", "loop s", "GPU-h/run", "GPU-h total", "overshoot", "generated tok",
+                   "padded/tok", "exposed", "exposed, nonzero adv"])
         for arm, a in arms.items():
             t.rows.append([arm, str(a["steps"]["n"]), ms(a["steps"], 1), ms(a["loop_seconds"], 2),
                            ms(a["allocated_gpu_hours"], 3 if (a["allocated_gpu_hours"]["mean"] or 1) >= 0.01 else 5),
                            fmt(a["allocated_gpu_hours"]["total"], 4), ms(a["overshoot_fraction"], 2, pct=True),
                            ms(a["tokens"].get("backend_generated_tokens"), 0),
+                           "-" if a.get("padding_ratio") is None else f"{a['padding_ratio']:.2f}",
                            ms(a["exposure"].get("actual_exposed"), 0),
                            ms(a["exposure"].get("exposed_with_nonzero_advantage"), 1)])
         out.append(t)

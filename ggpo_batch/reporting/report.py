@@ -121,6 +121,17 @@ def _values(rows: Sequence[Mapping[str, Any]], key: str) -> list[float]:
     return [r[key] for r in rows if r.get(key) is not None]
 
 
+def padding_ratio(ok: Sequence[Mapping[str, Any]]) -> float | None:
+    """The update's padded tokens over its non-padded ones (`rl_sequence_padded_tokens` /
+    `rl_sequence_nonpadding_tokens`), summed over the runs that have both: what padding cost the
+    forward/backward passes (1 = none); None without such runs."""
+    have = [r["tokens"] for r in ok if r["tokens"].get("rl_sequence_padded_tokens") is not None
+            and r["tokens"].get("rl_sequence_nonpadding_tokens")]
+    if not have:
+        return None
+    return sum(t["rl_sequence_padded_tokens"] for t in have) / sum(t["rl_sequence_nonpadding_tokens"] for t in have)
+
+
 def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     states: dict[str, int] = defaultdict(int)
     for r in rows:
@@ -144,6 +155,7 @@ def _arm_summary(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "loop_seconds": stat(_values(ok, "loop_seconds")),
         "elapsed_seconds": stat(_values(ok, "elapsed_seconds")),
         "tokens": {k: _with_total([r["tokens"][k] for r in ok if k in r["tokens"]]) for k in token_keys},
+        "padding_ratio": padding_ratio(ok),
         "exposure": {k: stat([r["exposure"][k] for r in ok if k in r["exposure"]]) for k in exposure_keys},
         "exposure_templates": dict(sorted(templates.items())),
         **_arm_outcome(ok),

@@ -1,7 +1,7 @@
 """One step's loss batch, as pure functions of the step's trajectories: the rows the loss sees
-(retained groups only), their collation, the audit's evidence of them, and how many micro-batch
-passes a step takes; plus the loop state a resumed job restores. No DeepSpeed here, so a test can
-build a batch without an engine."""
+(retained groups only), their collation, the audit's evidence of them, and one packed pass's slice of
+them (train/passes.py plans the passes); plus the loop state a resumed job restores. No DeepSpeed
+here, so a test can build a batch without an engine."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
+import torch.distributed as dist
 
 from .audit import StepEvidence, TrajectoryEvidence
-from .config import TrainConfig
 from .environment import GENERATED, PAD_SOURCE, Trajectory
+from .passes import Pass, pad_to, plan
 from .tokenizer import EOS
 
 if TYPE_CHECKING:
@@ -73,11 +74,25 @@ def loss_batch(step: int, rank: int, trajs: list[list[Trajectory]], rewards: tor
     return (ids, attn, mask, blp), row_adv, evidence
 
 
-def micro_batches(cfg: TrainConfig, world: int) -> int:
-    """Forward/backward passes per step on every rank: 1 (the whole local batch at once) when
-    train.micro_batch_size is 0, else enough passes of that many rows for the most rows a rank can
-    hold, (prompts_per_step / world) x group_size."""
-    if not cfg.micro_batch_size:
-        return 1
-    capacity = max(1, cfg.prompts_per_step // world) * cfg.group_size
-    return -(-capacity // cfg.micro_batch_size)
+def agreed_plan(lengths: list[int], budget: int, max_rows: int, device: torch.device) -> list[Pass]:
+    """This rank's rows (`lengths`) packed into the fewest passes that fit `budget` and `max_rows`
+    (train/passes.py), then filler passes up to the most any rank needs (collective: one all-reduce),
+    so every rank runs as many passes (ZeRO's collectives pair them)."""
+    mine = plan(lengths, budget, max_rows)
+    most = torch.tensor([len(mine)], device=device)
+    dist.all_reduce(most, op=dist.ReduceOp.MAX)
+    return pad_to(mine, int(most))
+
+
+def pass_inputs(ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor,
+                p: Pass) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One pass of the rank's collated rows (train/passes.py): (row indices, ids, attention, loss mask),
+    its rows cut to the pass's own width (right padding: no real token is cut, and a causal model's
+    log-probs of a row do not depend on padding after it). A filler pass (no rows) is a 2-token slice
+    of the first row with an empty mask: it runs the model so ZeRO's collectives pair with the ranks
+    that have more passes, and adds nothing to the loss."""
+    if not p.rows:
+        return torch.zeros(1, dtype=torch.long, device=ids.device), ids[:1, :2], attn[:1, :2], torch.zeros_like(
+            mask[:1, :1])
+    rows = torch.tensor(p.rows, dtype=torch.long, device=ids.device)
+    return rows, ids[rows, : p.width], attn[rows, : p.width], mask[rows, : p.width - 1]

@@ -168,6 +168,9 @@ class TrainConfig(GgpoConfig):
     precision: str = _D("train.precision")  # bf16 on GPU, fp32 on CPU
     lr: float = _D("train.lr")
     micro_batch_size: int = _D("train.micro_batch_size")  # trajectories per forward/backward pass (gradients accumulate); 0 = the rank's whole batch
+    # Padded tokens per pass (train/passes.py packs the rank's rows into as few passes as fit); 0 = the
+    # memory estimate's rows_per_pass x max_model_len.
+    max_tokens_per_pass: int = _D("train.max_tokens_per_pass")
     # Log-probs (train/logprobs.py): masked tokens x vocabulary rows of the LM head per chunk; 0 tokens =
     # full logits (no chunking). The default chunk's float32 logits take 32 MiB.
     logprob_chunk_tokens: int = _D("train.logprob_chunk_tokens")

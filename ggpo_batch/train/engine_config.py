@@ -7,19 +7,23 @@ from typing import Any
 
 import torch
 
+from ..gpu_memory import zero_communication
 from .reference import zero3_settings
 
 
-def policy_engine_config(model: torch.nn.Module, *, zero_stage: int, micro_batches: int, grad_clip: float, lr: float,
-                         bf16: bool, fp16: bool) -> dict[str, Any]:
-    """`deepspeed.initialize`'s config for the policy: `micro_batches` forward/backward passes a step
-    (DeepSpeed accumulates them and steps the optimizer after the last), torch's AdamW (no DeepSpeed
-    op to compile), ZeRO `zero_stage` with DeepSpeed's defaults otherwise (gpu_memory.py counts them)."""
+def policy_engine_config(model: torch.nn.Module, *, zero_stage: int, passes: int, grad_clip: float, lr: float,
+                         bf16: bool, fp16: bool, gpu: bool) -> dict[str, Any]:
+    """`deepspeed.initialize`'s config for the policy: `passes` forward/backward passes a step to start
+    with (DeepSpeed accumulates them and steps the optimizer after the last; the trainer sets each
+    step's own count, train/passes.py), torch's AdamW (no DeepSpeed op to compile), ZeRO `zero_stage`
+    with its communication set for a GPU (`gpu_memory.zero_communication`, DeepSpeed's defaults on the
+    CPU; gpu_memory.py counts both)."""
+    zero = zero3_settings(model) if zero_stage == 3 else {"stage": zero_stage}
     return {
-        "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes train.micro_batch_size rows
-        "gradient_accumulation_steps": micro_batches,
+        "train_micro_batch_size_per_gpu": 1,  # nominal: a pass takes the rows its plan packs
+        "gradient_accumulation_steps": passes,
         "gradient_clipping": grad_clip,
-        "zero_optimization": zero3_settings(model) if zero_stage == 3 else {"stage": zero_stage},
+        "zero_optimization": {**zero, **zero_communication(gpu)},
         "optimizer": {"type": "AdamW", "params": {"lr": lr, "weight_decay": 0.0, "torch_adam": True}},
         "bf16": {"enabled": bf16},
         "fp16": {"enabled": fp16},

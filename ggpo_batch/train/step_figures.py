@@ -5,7 +5,9 @@ Beside the loss and gradient norm, the first health figures a researcher reads: 
 reward; the mean and 99th percentile of |rollout engine - policy| log-prob over the tokens under the
 loss (the kernels' mismatch; with the torch sampler, which is the policy, about 0); the PPO clip
 fraction and the KL term of the ggpo loss (token means); with `old_logprobs = "rollout"` the mean
-importance weight and the share of tokens truncated at the cap.
+importance weight and the share of tokens truncated at the cap. And what the update cost: its passes
+(every rank runs as many; the filler passes of ranks that needed fewer) and the loss rows' tokens,
+padded as the passes pad them and unpadded, summed over ranks.
 """
 
 from __future__ import annotations
@@ -19,10 +21,11 @@ import torch.distributed as dist
 
 from .environment import Trajectory
 from .ggpo import GroupAdvantages, LossStats
+from .passes import Pass
 
 # The sums reduced over ranks, in this order.
 _SUMS = ("loss", "retained", "raw_gap", "generated_tokens", "trajectories", "groups", "reward", "loss_tokens", "kl",
-         "clip", "is_weight", "is_truncated")
+         "clip", "is_weight", "is_truncated", "padded_tokens", "nonpadding_tokens", "filler_passes")
 
 
 @dataclass
@@ -35,6 +38,7 @@ class StepFigures:
     step_seconds: float = 0.0
     gap_mean: float | None = None
     gap_p99: float | None = None
+    passes: int = 0  # the step's forward/backward passes, the same on every rank (trainer._plan)
 
     @classmethod
     def local(cls, rewards: torch.Tensor, adv: GroupAdvantages, trajs: list[list[Trajectory]],
@@ -71,6 +75,14 @@ class StepFigures:
             self.sums["is_weight"] += float(w.sum())
             self.sums["is_truncated"] += float((w >= cap).sum())
 
+    def add_passes(self, passes: list[Pass], padded_tokens: int, nonpadding_tokens: int) -> None:
+        """The step's passes on this rank: their count, its filler passes, and the tokens of its loss rows
+        padded as the passes pad them (each to its pass's longest row) and unpadded."""
+        self.passes = len(passes)
+        self.sums["filler_passes"] += sum(not p.rows for p in passes)
+        self.sums["padded_tokens"] += padded_tokens
+        self.sums["nonpadding_tokens"] += nonpadding_tokens
+
     def reduce(self, device: torch.device, step_seconds: float) -> None:
         """Sum over ranks (collective); the step's seconds are the slowest rank's (ranks stop together)."""
         vec = torch.tensor([self.sums[k] for k in _SUMS], dtype=torch.float64, device=device)
@@ -105,4 +117,6 @@ class StepFigures:
             "is_weight_mean": per_token("is_weight") if self.importance_weighted else None,
             "is_truncated_fraction": per_token("is_truncated") if self.importance_weighted else None,
             "weight_sync_probe": probe,
+            "passes": self.passes, "passes_padded_tokens": int(s["padded_tokens"]),
+            "passes_nonpadding_tokens": int(s["nonpadding_tokens"]), "filler_passes": int(s["filler_passes"]),
         }

@@ -23,7 +23,7 @@ from ..run_record import AUX_COST_KEYS, AUX_SOURCE_KEYS, COST_KEYS, COUNT_KEYS
 from ..runspec import RunSpec
 from .audit import AuditResult, StepEvidence, audit
 from .backends import make_backend
-from .batch import LoopState, collate, loss_batch, micro_batches
+from .batch import LoopState, agreed_plan, collate, loss_batch, pass_inputs
 from .codec import Codec, make_codec
 from .config import TrainConfig
 from .curriculum import Curriculum, GroupSpec
@@ -34,6 +34,7 @@ from .ggpo import ggpo_loss, group_advantages, truncated_is_weights
 from .logprobs import Chunks, masked_logprobs
 from .memory_order import free_cached_blocks, update_then_refill
 from .model import initial_policy, named_full_parameters, update_digest
+from .passes import FILLER, Pass, token_budget
 from .reference import Reference
 from .retrieval import Retriever
 from .rollouts import run_episodes
@@ -85,9 +86,10 @@ class Trainer:
         self.shares_policy = cfg.rollout == "torch"
         behaviour = (copy.deepcopy(model).to(device).requires_grad_(False).eval()
                      if cfg.rollout == "torch" and not self.shares_policy else model)
-        self.micro_batches = micro_batches(cfg, world)
-        ds_config = policy_engine_config(model, zero_stage=cfg.zero_stage, micro_batches=self.micro_batches,
-                                         grad_clip=cfg.grad_clip, lr=cfg.lr, bf16=bf16, fp16=fp16)
+        self.token_budget = token_budget(cfg, world)
+        # One pass to start with: each step sets the gradient accumulation to its own number of passes (`_update`).
+        ds_config = policy_engine_config(model, zero_stage=cfg.zero_stage, passes=1, grad_clip=cfg.grad_clip,
+                                         lr=cfg.lr, bf16=bf16, fp16=fp16, gpu=device.type == "cuda")
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=ds_config)
         vllm_options = {"gpu_memory_utilization": cfg.vllm_gpu_memory_utilization, "seed": spec.seed,
                         "device_index": device.index, "model_dir": self.model_dir,
@@ -184,14 +186,20 @@ class Trainer:
         batch, row_adv, evidence = loss_batch(st.step, self.rank, trajs, rewards, adv, self.gcfg.advantage_eps,
                                               self.codec.pad_id)
         self.evidence.append(evidence)
-        if evidence.row_trajectories != [None]:
-            st.tally["rl_sequence_nonpadding_tokens"] += int(batch[1].sum())
-            st.tally["rl_sequence_padded_tokens"] += batch[0].numel()
+        passes = self._plan(batch[1])
         figures = StepFigures.local(rewards, adv, trajs, len(groups))
+        if evidence.row_trajectories != [None]:  # a zero-mask stand-in row is no cost of the loss
+            # What the update computes: each pass's rows padded to the pass's own longest.
+            tokens, padded = int(batch[1].sum()), sum(p.padded_tokens for p in passes)
+            st.tally["rl_sequence_nonpadding_tokens"] += tokens
+            st.tally["rl_sequence_padded_tokens"] += padded
+            figures.add_passes(passes, padded, tokens)
+        else:  # every pass of this rank has an empty loss mask: fillers
+            figures.add_passes([FILLER] * len(passes), 0, 0)
         ended: list[float] = []
 
         def update() -> None:
-            self._update(batch, row_adv, aux, figures)
+            self._update(batch, row_adv, aux, figures, passes)
             figures.reduce(self.device, time.perf_counter() - t0)  # the step's loop time ends here
             ended.append(time.perf_counter())
 
@@ -232,44 +240,47 @@ class Trainer:
                 tally["exposed_with_nonzero_advantage"] += len(g.parts) * int(keep)
                 st.exposed_items.update(item.item_id for item, _ in g.parts)
 
-    def _passes(self, ids: torch.Tensor, attn: torch.Tensor,
-                mask: torch.Tensor) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """The rank's rows in `micro_batches` forward passes: (rows, ids, attention, loss mask) each.
-        Every rank runs the same number of passes (ZeRO's collectives pair them): a pass with no rows
-        left is a 2-token filler with an empty mask."""
-        per = ids.shape[0] if self.micro_batches == 1 else self.cfg.micro_batch_size
-        for j in range(self.micro_batches):
-            rows = slice(j * per, (j + 1) * per)
-            if mask[rows].shape[0] == 0:
-                yield slice(0, 1), ids[:1, :2], attn[:1, :2], torch.zeros_like(mask[:1, :1])
-            else:
-                yield rows, ids[rows], attn[rows], mask[rows]
+    def _plan(self, attn: torch.Tensor) -> list[Pass]:
+        """The step's passes on this rank (collective): its rows packed to the token budget and
+        train.micro_batch_size, as many passes as the rank that needs the most (batch.agreed_plan)."""
+        return agreed_plan(attn.sum(dim=1).tolist(), self.token_budget, self.cfg.micro_batch_size, self.device)
+
+    def _passes(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor,
+                passes: list[Pass]) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """The rank's rows in the step's passes: (row indices, ids, attention, loss mask) each."""
+        for p in passes:
+            yield pass_inputs(ids, attn, mask, p)
 
     def _policy_logprobs(self, part_ids: torch.Tensor, part_attn: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return masked_logprobs(self.engine, self.engine.module, part_ids, part_attn, m, self.cfg.temperature,
                                self.codec, self.chunks)
 
-    def _old_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor] | None:
+    def _old_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor,
+                      passes: list[Pass]) -> list[torch.Tensor] | None:
         """old_logprobs = "policy": the policy's log-probs of every pass's targets before the update, no
         grad (verl's recompute), one tensor per pass; None with "rollout" (the update's own forward, detached,
         gives them: one optimizer step per batch, so its weights are still the pre-update ones)."""
         if self.cfg.old_logprobs != "policy":
             return None
         with torch.no_grad():
-            return [self._policy_logprobs(i, a, m) for _, i, a, m in self._passes(ids, attn, mask)]
+            return [self._policy_logprobs(i, a, m) for _, i, a, m in self._passes(ids, attn, mask, passes)]
 
     def _update(self, batch: tuple[torch.Tensor, ...], row_adv: list[float],
-                aux: list[tuple[list[int], int]], figures: StepFigures) -> None:
-        """The step's one optimizer update over the rank's rows in `micro_batches` forward/backward passes
-        (DeepSpeed accumulates them; the optimizer steps after the last). Each part is its tokens' share of
-        the rank's token mean, so the parts sum to the loss of one whole-batch pass."""
+                aux: list[tuple[list[int], int]], figures: StepFigures, plan: list[Pass]) -> None:
+        """The step's one optimizer update over the rank's rows in the step's packed forward/backward
+        passes (`_plan`; DeepSpeed accumulates them; the optimizer steps after the last). Each part is its
+        tokens' share of the rank's token mean, so the parts sum to the loss of one whole-batch pass."""
         cfg, tally = self.cfg, self.state.tally
         ids, attn, mask, blp = (t.to(self.device) for t in batch)
         adv_t, blp = torch.tensor(row_adv, device=self.device), blp[:, 1:]
         total = mask.sum().clamp(min=1)
         ref = self.reference
-        old = self._old_logprobs(ids, attn, mask)
-        passes = list(self._passes(ids, attn, mask))
+        old = self._old_logprobs(ids, attn, mask, plan)
+        passes = list(self._passes(ids, attn, mask, plan))
+        # Gradient accumulation over this step's passes: the count (what DeepSpeed's bookkeeping reads)
+        # and the boundary set pass by pass, so the optimizer steps after the last whatever the
+        # engine's micro-step counter says after steps of other counts.
+        self.engine.set_train_batch_size(len(passes) * self.world)
         for j, (rows, part_ids, part_attn, m) in enumerate(passes):
             # Log-probs of the masked targets only, in chunks (train/logprobs.py), 0 elsewhere: targets
             # outside the mask may be tool delimiters, impossible (-inf) under the policy.
@@ -290,6 +301,7 @@ class Trainer:
                 aux_loss = self._aux_loss(aux)
                 if aux_loss is not None:
                     part = part + cfg.aux_coef * aux_loss
+            self.engine.set_gradient_accumulation_boundary(j == len(passes) - 1)
             self.engine.backward(part, scale_wrt_gas=False)
             self.engine.step()
             figures.loss += float(part.detach())

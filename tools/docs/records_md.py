@@ -20,7 +20,10 @@ DETAILS: dict[str, str] = {
     "run_key": "the run",
     "history": "one entry per step: loss, gradient norm, mean length, loop seconds, the step's mean reward and "
                "generated tokens per second, `weight_sync_seconds`, `weight_sync_probe`, and the figures a trainer "
-               "adds (KL, clip fraction, log-prob gaps, importance weights); the run's learning curve",
+               "adds (KL, clip fraction, log-prob gaps, importance weights), and the update's passes (`passes`: "
+               "the step's forward/backward passes, the same on every rank; `filler_passes`: the empty ones of "
+               "ranks that needed fewer, summed; `passes_padded_tokens` and `passes_nonpadding_tokens`: the loss "
+               "rows' tokens as the passes pad them and unpadded, summed over ranks); the run's learning curve",
     "evaluation": "one row per held-out item: id, `exposed`, reward, gold answer and the answer(s); the decoding",
     "trained_item_ids": "every item trained on (an evaluation after training counts them as exposed)",
     "audit": "what the rollout audit checked and every problem (`audit.weight_sync_probe`: the run's probes)",

@@ -291,8 +291,9 @@ class Run:
                                    fp16=fp16)
         self.engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                config=policy_engine_config(
-                                                   model, zero_stage=cfg.zero_stage, micro_batches=args.passes,
-                                                   grad_clip=cfg.grad_clip, lr=self.lr, bf16=bf16, fp16=fp16))
+                                                   model, zero_stage=cfg.zero_stage, passes=args.passes,
+                                                   grad_clip=cfg.grad_clip, lr=self.lr, bf16=bf16, fp16=fp16,
+                                                   gpu=device.type == "cuda"))
         self.gen = torch.Generator().manual_seed(0)
 
     def synchronize(self) -> None:

@@ -79,15 +79,16 @@ def test_the_recomputed_old_logprobs_are_the_policys_and_the_step_records_its_he
     from ggpo_batch.train.model import logprobs_of
 
     trainer = make_trainer(hf_spec, micro_batch_size=3)
-    assert trainer.cfg.old_logprobs == "policy" and trainer.micro_batches > 1
+    assert trainer.cfg.old_logprobs == "policy"
     try:
         trajs = trainer._rollouts(trainer.curriculum.step_groups(0), 0)
         rewards = torch.tensor([[t.reward for t in ts] for ts in trajs])
         (ids, attn, mask, _), _, _ = loss_batch(0, 0, trajs, rewards, group_advantages(rewards), 1e-6,
                                                 trainer.codec.pad_id)
-        old = trainer._old_logprobs(ids, attn, mask)
-        passes = list(trainer._passes(ids, attn, mask))
-        assert old is not None and len(old) == len(passes) == trainer.micro_batches
+        plan = trainer._plan(attn)
+        old = trainer._old_logprobs(ids, attn, mask, plan)
+        passes = list(trainer._passes(ids, attn, mask, plan))
+        assert old is not None and len(old) == len(passes) == len(plan) > 1
         for recomputed, (_, part_ids, part_attn, m) in zip(old, passes):
             assert not recomputed.requires_grad
             live = trainer._policy_logprobs(part_ids, part_attn, m)  # what the update's forward computes
