@@ -109,6 +109,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # One thread a process, as a job's ranks have (train/launch.py): the suite runs six workers and
+    # their children on two cores, where each torch process's default of one OpenMP thread per core
+    # made threads wait on each other for nothing. Set before any test module imports torch; a test
+    # that wants more threads asks for them in its child's environment.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     # Several tests give their ranks a TMPDIR of their own, and torch's inductor keeps the kernels it
     # compiles (vLLM's sampler ops, on CPU) under TMPDIR by default: each such test compiled them
     # again. One cache for the whole run, where inductor keeps it when TMPDIR is not set.

@@ -23,6 +23,7 @@ from tests.support import slurm_jobs as jobs
 from tests.support.paths import DEV_CLUSTER_STATE, PROFILES
 from tests.support.slurm import (
     cancel_tagged,
+    release_requeue_hold,
     sacct_gpu_hours,
     slurm_jobs,
     squeue_state,
@@ -256,7 +257,7 @@ def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, 
     time.sleep(3)  # hold the allocation long enough to cost something
     do_fault(job_id)
     wait_until(lambda: slurm.poll([job_id])[job_id].restarts >= 1, 60, "Slurm requeued the job")
-    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    release_requeue_hold(job_id)  # skip the 120 s requeue hold
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=90)
     run = ledger.get_run(key)
@@ -282,7 +283,7 @@ def test_node_failing_twice_with_one_retry_is_not_run_a_third_time(ledger, setti
         _node_down_then_back(job_id)
         wait_until(lambda n=n: slurm.poll([job_id])[job_id].restarts >= n, 60, f"Slurm requeue {n}")
         if n == 1:
-            run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s hold
+            release_requeue_hold(job_id)  # skip the 120 s hold
     reports = reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
     run = ledger.get_run(key)
     assert [a.state for a in run.attempts] == ["node_fail", "node_fail", "cancelled"], \

@@ -17,7 +17,7 @@ from ggpo_batch.interventions import cancel_runs
 from ggpo_batch.queue import RunQueue
 from ggpo_batch.spec import load_spec
 from tests.support import slurm_jobs as jobs
-from tests.support.slurm import CountingRunner, sacct_gpu_hours
+from tests.support.slurm import CountingRunner, release_requeue_hold, sacct_gpu_hours
 from tests.support.waiting import reconcile_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis]
@@ -139,7 +139,7 @@ def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hou
     submitit.SlurmJob(folder=tmp_path / "job", job_id=job_id)._interrupt(timeout=False)  # as a preemption
     while time.monotonic() < end + 60 and ex.poll([job_id])[job_id].restarts < 1:
         time.sleep(0.5)
-    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the 120 s requeue hold
+    release_requeue_hold(job_id)  # skip the 120 s requeue hold
     reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=120)
     run = ledger.get_run(key)
     assert [a.state for a in run.attempts] == ["preempted", "failed"]  # no record: the sleeper is not a trainer

@@ -30,7 +30,7 @@ from ggpo_batch.reporting.status import run_row, state_label
 from ggpo_batch.runspec import RunSpec
 from ggpo_batch.spec import load_spec
 from tests.support.paths import PROFILES
-from tests.support.slurm import cancel_tagged, sacct_gpu_hours
+from tests.support.slurm import cancel_tagged, release_requeue_hold, sacct_gpu_hours
 from tests.support.twins import assert_same_run
 from tests.support.waiting import reconcile_until_ended, wait_until
 
@@ -106,7 +106,7 @@ def test_a_two_rank_run_requeued_by_scontrol_resumes_exactly(dev_cluster, ledger
         wait_until(lambda: log.exists() and "step 4 " in log.read_text(errors="replace"), 240, "step 4 in rank 0's log")
         run_command(["scontrol", "requeue", job_id])
         wait_until(lambda: ex.poll([job_id])[job_id].restarts >= 1, 60, "Slurm's record of the requeue")
-        run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])  # skip the requeue hold
+        release_requeue_hold(job_id)  # skip the 120 s requeue hold
         reconcile_until_ended(ledger, settings, RunQueue.from_url(settings.redis_url, settings.queue), {"slurm": ex},
                               timeout_s=300)
         twin_record, twin_details = _twin_result(twin_ex, twin_id, tmp_path / "twin", key)

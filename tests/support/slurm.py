@@ -94,3 +94,23 @@ def wait_ranks_ready(folder: Path, job_id: str, ranks: int, timeout_s: float = 6
             return
         time.sleep(0.2)
     raise AssertionError(f"job {job_id}: not all {ranks} ranks loaded their payload in {timeout_s} s")
+
+
+def release_requeue_hold(job_id: str, timeout_s: float = 90.0) -> None:
+    """Start a requeued job now instead of after slurmctld's 120 s requeue hold (its BeginTime), so a
+    test stays short. The hold is set when the requeue lands, which may be after sacct already counts
+    the restart: an update made before it is undone, so move the start again for as long as squeue
+    says the job waits on BeginTime; done once it runs or has left the queue. Released only once the
+    job is pending: released while its first run still completes, the second run started at once on
+    a node still tearing down the first, and failed in no time (exit 1, 0 s)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        last = run_command(["squeue", "-h", "-j", job_id, "-o", "%T|%r"]).strip()
+        state, _, reason = last.partition("|")
+        if not last or state in ("RUNNING", "COMPLETED", "CANCELLED", "FAILED"):
+            return
+        if state == "PENDING" and reason == "BeginTime":
+            run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still held after {timeout_s:.0f} s: squeue says {last!r}")
