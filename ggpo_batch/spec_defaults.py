@@ -79,9 +79,9 @@ def _memory_fit(spec: ExperimentSpec, folder: Path, config: Mapping[str, Any], t
     known, or not even `lo` fits (preflight then says the model does not fit)."""
     from .gpu_memory import GIB
     from .preflight import allocation, memory_parts
-    from .train.passes import rows_per_pass
     from .train import checkpoint_files, hf
     from .train.config import TrainConfig
+    from .train.passes import rows_per_pass
 
     ranks, gpu_bytes = allocation(spec, profiles_dir)
     if gpu_bytes is None:

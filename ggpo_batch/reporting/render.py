@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..outcome import OUTCOME_METRICS
+from . import stats
 from .compare import COMPARED_METRICS
 from .fairness import LOOP_TIME_TOLERANCE, OVERSHOOT_TOLERANCE
-from . import stats
 from .plots import fmt
 
 SHORT = {"eval_reward": "reward, all", "exposed_reward": "reward, exposed", "unexposed_reward": "reward, unexposed",
