@@ -75,13 +75,15 @@ class StepFigures:
             self.sums["is_weight"] += float(w.sum())
             self.sums["is_truncated"] += float((w >= cap).sum())
 
-    def add_passes(self, passes: list[Pass], padded_tokens: int, nonpadding_tokens: int) -> None:
+    def add_passes(self, passes: list[Pass], nonpadding_tokens: int) -> int:
         """The step's passes on this rank: their count, its filler passes, and the tokens of its loss rows
-        padded as the passes pad them (each to its pass's longest row) and unpadded."""
+        unpadded and padded as the passes pad them (each to its pass's longest row); returns the padded."""
+        padded = sum(p.padded_tokens for p in passes)
         self.passes = len(passes)
         self.sums["filler_passes"] += sum(not p.rows for p in passes)
-        self.sums["padded_tokens"] += padded_tokens
+        self.sums["padded_tokens"] += padded
         self.sums["nonpadding_tokens"] += nonpadding_tokens
+        return padded
 
     def reduce(self, device: torch.device, step_seconds: float) -> None:
         """Sum over ranks (collective); the step's seconds are the slowest rank's (ranks stop together)."""

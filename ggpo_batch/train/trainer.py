@@ -188,14 +188,13 @@ class Trainer:
         self.evidence.append(evidence)
         passes = self._plan(batch[1])
         figures = StepFigures.local(rewards, adv, trajs, len(groups))
-        if evidence.row_trajectories != [None]:  # a zero-mask stand-in row is no cost of the loss
-            # What the update computes: each pass's rows padded to the pass's own longest.
-            tokens, padded = int(batch[1].sum()), sum(p.padded_tokens for p in passes)
-            st.tally["rl_sequence_nonpadding_tokens"] += tokens
-            st.tally["rl_sequence_padded_tokens"] += padded
-            figures.add_passes(passes, padded, tokens)
-        else:  # every pass of this rank has an empty loss mask: fillers
-            figures.add_passes([FILLER] * len(passes), 0, 0)
+        # What the update computes: each pass's rows padded to the pass's own longest. A zero-mask
+        # stand-in row (this rank kept no group) is no cost of the loss: its passes count as fillers.
+        stand_in = evidence.row_trajectories == [None]
+        tokens = 0 if stand_in else int(batch[1].sum())
+        padded = figures.add_passes([FILLER] * len(passes) if stand_in else passes, tokens)
+        st.tally["rl_sequence_nonpadding_tokens"] += tokens
+        st.tally["rl_sequence_padded_tokens"] += padded
         ended: list[float] = []
 
         def update() -> None:
@@ -255,15 +254,15 @@ class Trainer:
         return masked_logprobs(self.engine, self.engine.module, part_ids, part_attn, m, self.cfg.temperature,
                                self.codec, self.chunks)
 
-    def _old_logprobs(self, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor,
-                      passes: list[Pass]) -> list[torch.Tensor] | None:
-        """old_logprobs = "policy": the policy's log-probs of every pass's targets before the update, no
-        grad (verl's recompute), one tensor per pass; None with "rollout" (the update's own forward, detached,
-        gives them: one optimizer step per batch, so its weights are still the pre-update ones)."""
+    def _old_logprobs(self, passes: list[tuple[torch.Tensor, ...]]) -> list[torch.Tensor] | None:
+        """old_logprobs = "policy": the policy's log-probs of every pass's targets (`_passes`) before the
+        update, no grad (verl's recompute), one tensor per pass; None with "rollout" (the update's own
+        forward, detached, gives them: one optimizer step per batch, so its weights are still the
+        pre-update ones)."""
         if self.cfg.old_logprobs != "policy":
             return None
         with torch.no_grad():
-            return [self._policy_logprobs(i, a, m) for _, i, a, m in self._passes(ids, attn, mask, passes)]
+            return [self._policy_logprobs(i, a, m) for _, i, a, m in passes]
 
     def _update(self, batch: tuple[torch.Tensor, ...], row_adv: list[float],
                 aux: list[tuple[list[int], int]], figures: StepFigures, plan: list[Pass]) -> None:
@@ -275,8 +274,8 @@ class Trainer:
         adv_t, blp = torch.tensor(row_adv, device=self.device), blp[:, 1:]
         total = mask.sum().clamp(min=1)
         ref = self.reference
-        old = self._old_logprobs(ids, attn, mask, plan)
         passes = list(self._passes(ids, attn, mask, plan))
+        old = self._old_logprobs(passes)
         # Gradient accumulation over this step's passes: the count (what DeepSpeed's bookkeeping reads)
         # and the boundary set pass by pass, so the optimizer steps after the last whatever the
         # engine's micro-step counter says after steps of other counts.

@@ -13,7 +13,7 @@ from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.runspec import ArmSpec, RunSpec
 from tests.support import slurm_jobs as jobs
-from tests.support.slurm import final, wait_for, wait_ranks_ready
+from tests.support.slurm import final, release_requeue_hold, wait_for, wait_ranks_ready
 
 pytestmark = pytest.mark.slurm
 
@@ -178,8 +178,7 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
     assert log.exists(), "the job's payload did not start in 90 s"
     submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)  # SIGTERM + USR2, as a preemption
     wait_for(executor, job_id, lambda i: i.restarts >= 1 and i.state == "PENDING", 120)
-    # slurmctld holds a requeued job for 120 s (BeginTime); release it so the test stays short
-    run_command(["scontrol", "update", f"jobid={job_id}", "starttime=now"])
+    release_requeue_hold(job_id)  # slurmctld holds a requeued job for 120 s (BeginTime)
     info = wait_for(executor, job_id, lambda i: i.final and i.restarts >= 1, 120)
     assert info.state == "COMPLETED", info
     acc = executor.accounts([job_id])[job_id]

@@ -86,8 +86,8 @@ def test_the_recomputed_old_logprobs_are_the_policys_and_the_step_records_its_he
         (ids, attn, mask, _), _, _ = loss_batch(0, 0, trajs, rewards, group_advantages(rewards), 1e-6,
                                                 trainer.codec.pad_id)
         plan = trainer._plan(attn)
-        old = trainer._old_logprobs(ids, attn, mask, plan)
         passes = list(trainer._passes(ids, attn, mask, plan))
+        old = trainer._old_logprobs(passes)
         assert old is not None and len(old) == len(passes) == len(plan) > 1
         for recomputed, (_, part_ids, part_attn, m) in zip(old, passes):
             assert not recomputed.requires_grad
