@@ -45,8 +45,8 @@ from collections.abc import Mapping
 GIB = 1 << 30
 ACTIVATION_BYTES_PER_LAYER_TOKEN_HIDDEN = {False: 34, True: 2}  # 16-bit, by gradient checkpointing
 # ZeRO's communication on a GPU, which the policy engine's config (train/engine_config.py) sets
-# through `zero_communication`: gradients
-# are reduced on a side stream while the backward pass goes on (overlap_comm, on at both stages), in
+# through `zero_communication`: gradients are reduced on a side stream while the backward pass goes
+# on (overlap_comm, on at both stages), in
 # buckets of 2e8 elements (Hugging Face transformers' ZeRO-2 configuration, tests/deepspeed/
 # ds_config_zero2.json: allgather and reduce buckets 2e8 with overlap_comm) rather than DeepSpeed's
 # 5e8 default: with overlap_comm ZeRO-2 keeps two reduce buckets, and a smaller one starts reducing
@@ -58,7 +58,7 @@ REDUCE_BUCKET_ELEMENTS = 200_000_000
 ALLGATHER_BUCKET_ELEMENTS = 200_000_000
 PREFETCH_BUCKET_ELEMENTS = 50_000_000
 SUB_GROUP_ELEMENTS = 1_000_000_000
-OVERLAP_COMM = {2: True, 3: True}
+OVERLAP_COMM = True
 
 
 def zero_communication(gpu: bool) -> dict[str, object]:
@@ -66,8 +66,10 @@ def zero_communication(gpu: bool) -> dict[str, object]:
     none on the CPU."""
     if not gpu:
         return {}
-    return {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS,
-            "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS}
+    return {"overlap_comm": OVERLAP_COMM, "contiguous_gradients": True,
+            "reduce_bucket_size": REDUCE_BUCKET_ELEMENTS, "allgather_bucket_size": ALLGATHER_BUCKET_ELEMENTS}
+
+
 # Measured by vLLM on one 80 GB H100 (vllm-project/vllm#10511, its profiler's sanity check):
 # non-torch memory 1.79 GiB for one process at tensor_parallel_size 1 (CUDA context, cuBLAS/cuDNN
 # workspaces, kernels), 3.58 GiB at 2 (one NCCL communicator more). PyTorch's own CUDA context alone
@@ -112,7 +114,7 @@ def memory_estimate(*, parameters: int, dtype_bytes: int, ranks: int, zero_stage
         # stage_1_and_2.py `setup_buckets`: contiguous_gradients (on by default) stages gradients in
         # buffers of reduce_bucket_size elements in the model dtype, a second one with overlap_comm;
         # stage3.py allocates one such bucket.
-        "reduce_bucket": REDUCE_BUCKET_ELEMENTS * b * (2 if z == 2 and OVERLAP_COMM[z] else 1),
+        "reduce_bucket": REDUCE_BUCKET_ELEMENTS * b * (2 if z == 2 and OVERLAP_COMM else 1),
         # deepspeed/runtime/utils.py `all_gather_dp_groups`: with all_gather_into_tensor (NCCL) the
         # updated partitions are gathered into the flat bit16 buffer the weights live in: nothing new
         # (allgather_bucket_size only shards the older path, over views). Stage 3 gathers parameters

@@ -43,7 +43,7 @@ def test_the_trainers_engine_runs_with_the_settings_the_formula_assumes(one_rank
         gpu_zero = zero_engine({"stage": 2, **gpu_memory.zero_communication(True)})
         assert gpu_zero.reduce_bucket_size == gpu_memory.REDUCE_BUCKET_ELEMENTS
         assert gpu_zero.allgather_bucket_size == gpu_memory.ALLGATHER_BUCKET_ELEMENTS
-        assert gpu_zero.overlap_comm is gpu_memory.OVERLAP_COMM[2] and gpu_zero.contiguous_gradients
+        assert gpu_zero.overlap_comm is gpu_memory.OVERLAP_COMM and gpu_zero.contiguous_gradients
         assert type(trainer.engine.basic_optimizer) is torch.optim.AdamW  # foreach AdamW: the adam_step term
         # ZeRO reduces over DeepSpeed's own group: a communicator of its own beside torch's world group.
         assert zero.dp_process_group is groups._WORLD_GROUP and groups._WORLD_GROUP is not dist.group.WORLD
