@@ -23,6 +23,6 @@ def test_a_preempted_two_rank_run_with_vllm_rollouts_resumes_exactly(tmp_path: P
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     spec = hf_spec("paired", budget=600.0, rollout="vllm", max_steps=5, reference_refresh_steps=2, eval_size=2)
-    twin, td, resumed, rd = run_pair(tmp_path, spec, after_step=2)
+    twin, td, resumed, rd = run_pair(tmp_path, spec)
     assert td["rollout"] == rd["rollout"] == "vllm"
     assert_same_run(twin, td, resumed, rd, steps=5)
