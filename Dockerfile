@@ -8,7 +8,7 @@
 #   docker run --rm --gpus 1 --entrypoint bash ggpo-batch /opt/ggpo-batch/tools/gpu_smoke.sh python
 # An image cannot know its own digest: whoever starts the workers sets GGPO_IMAGE_DIGEST=sha256:... (as the
 # registry, pyxis or apptainer names the image); the allocation inherits it and each attempt's provenance
-# records it (ggpo_batch/run_provenance.py), so `report` can warn when runs ran in different images.
+# records it (ggpo_batch/contracts/provenance.py), so `report` can warn when runs ran in different images.
 FROM nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 AS base
 ENV DEBIAN_FRONTEND=noninteractive PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 \
     DS_BUILD_OPS=0 VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH

@@ -1,7 +1,7 @@
 """`python -m ggpo_batch.smoke`: a quick check of an install, and the image's HEALTHCHECK.
 
 It checks what a wheel installed outside the checkout needs and a checkout hides: the package's own
-files are where it reads them (ggpo_batch/datafiles.py) and they work. Each check can fail:
+files are where it reads them (ggpo_batch/common/datafiles.py) and they work. Each check can fail:
   ledger    the packaged migrations upgrade a new SQLite ledger to the revision this code expects
   profiles  every profile on the search path loads (user, site, packaged)
   suite     the default nightly suite loads
@@ -29,13 +29,13 @@ def _ledger(tmp: Path) -> str:
         engine.dispose()
     if got != want:
         raise RuntimeError(f"upgraded to {got!r}, but this code expects {want!r}")
-    from .datafiles import MIGRATIONS_DIR
+    from .common.datafiles import MIGRATIONS_DIR
 
     return f"{MIGRATIONS_DIR} -> {got}"
 
 
 def _profiles(tmp: Path) -> str:
-    from .datafiles import known
+    from .common.datafiles import known
     from .executor.profile import load_profile
 
     names = known("profiles")
@@ -54,8 +54,8 @@ def _suite(tmp: Path) -> str:
 
 
 def _examples(tmp: Path) -> str:
-    from .datafiles import EXAMPLES_DIR
-    from .spec import load_spec
+    from .common.datafiles import EXAMPLES_DIR
+    from .spec.parse import load_spec
 
     paths = sorted(EXAMPLES_DIR.glob("*.toml"))
     if not paths:
@@ -65,9 +65,9 @@ def _examples(tmp: Path) -> str:
 
 
 def _init(tmp: Path) -> str:
-    from . import preflight
-    from .spec import load_spec
-    from .starter import write_starter
+    from .spec import preflight
+    from .spec.parse import load_spec
+    from .spec.starter import write_starter
 
     written = write_starter(tmp / "init")
     report = preflight.check(load_spec(written.spec))

@@ -232,7 +232,7 @@ def redis_url() -> Iterator[str]:
 @pytest.fixture
 def settings(tmp_path: Path, db_url: str, redis_url: str, ledger):  # type: ignore[no-untyped-def]
     """Settings on the test ledger and Redis db, with a private data dir."""
-    from ggpo_batch.config import load_settings
+    from ggpo_batch.config.settings import load_settings
 
     return load_settings({"GGPO_DB_URL": db_url, "GGPO_REDIS_URL": redis_url, "GGPO_DATA_DIR": str(tmp_path / "data"),
                           "GGPO_USER": "tester", "GGPO_QUEUE": "testq", "GGPO_DEFER_SECONDS": "1"})

@@ -11,14 +11,10 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-from ggpo_batch.importer import import_results
+from ggpo_batch.contracts.run_record import BUDGET_STATUS_SHORT, TRAINING_STATUS_AUDIT_FAILED, check_results_file
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.reporting.report import experiment_report
 from ggpo_batch.reporting.status import experiment_status
-from ggpo_batch.run_record import (
-    BUDGET_STATUS_SHORT,
-    TRAINING_STATUS_AUDIT_FAILED,
-    check_results_file,
-)
 from tests.support.paths import SEED_000
 
 AUDIT_FAILED_KEY = "20261013/paired"

@@ -11,20 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.continuation import (
-    TimeLimitNote,
-    continuations,
-    judge,
-    label,
-    read_note,
-)
-from ggpo_batch.costguard import CapCheck, check_continuation
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.continuation import TimeLimitNote, judge, read_note
+from ggpo_batch.control.costguard import CapCheck, check_continuation
+from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.errors import SpecError
-from ggpo_batch.ledger.attempts import AttemptPlan
 from ggpo_batch.ledger.schema import Attempt, Run
-from ggpo_batch.reporting.status import run_row, state_label
-from ggpo_batch.spec import load_spec, parse_spec
+from ggpo_batch.ledger.submissions import AttemptPlan
+from ggpo_batch.reporting.status import continuation_label as label
+from ggpo_batch.reporting.status import continuations, run_row, state_label
+from ggpo_batch.spec.parse import load_spec, parse_spec
 
 NOTE = TimeLimitNote(step=5, from_step=2, loop_seconds=40.0, budget_seconds=100.0, elapsed_seconds=90.0)
 
@@ -69,7 +64,7 @@ def test_status_says_how_many_times_a_run_continued_of_how_many():
 
 
 def test_the_note_a_job_writes_is_read_back_and_a_damaged_one_is_none(tmp_path: Path):
-    from ggpo_batch.allocation import time_limit_path
+    from ggpo_batch.contracts.allocation import time_limit_path
 
     time_limit_path(tmp_path).write_text(json.dumps({"step": 5, "from_step": 2, "loop_seconds": 40.0,
                                                      "budget_seconds": 100.0, "elapsed_seconds": 90.0}))
@@ -139,7 +134,7 @@ def test_the_cost_guard_weighs_a_continuation_against_what_the_experiment_spent(
 
 
 def _note_of(settings, key: str, number: int) -> dict:  # type: ignore[no-untyped-def]
-    from ggpo_batch.allocation import attempt_folder, time_limit_path
+    from ggpo_batch.contracts.allocation import attempt_folder, time_limit_path
 
     return json.loads(time_limit_path(attempt_folder(settings.jobs_dir, key, number)).read_text())
 
@@ -168,13 +163,8 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
     """Three experiments in one burst worker, each allocation one step (time limit 1 s, signal delay
     0.5 s: shorter than a job's setup): ct-a continues 3 times and succeeds; ct-b may continue once,
     then ends `timeout`; ct-c's continuation is refused by the cost guard. About 90 s under load."""
-    from ggpo_batch.accounting import gpu_hours
-    from ggpo_batch.allocation import (
-        TIME_LIMIT_NAME,
-        attempt_folder,
-        checkpoint_folder,
-        details_path,
-    )
+    from ggpo_batch.contracts.accounting import gpu_hours
+    from ggpo_batch.contracts.allocation import TIME_LIMIT_NAME, attempt_folder, checkpoint_folder, details_path
     from tests.support.workers import run_burst_worker
 
     # ct-c: estimate 4 x (2 + 30) / 3600 = 0.0356 GPU-h under a cap of 0.036; after its first
@@ -215,7 +205,7 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
     assert all(x["provenance"]["code"]["commit"] for x in page["attempts"])  # each allocation's own
     # The run's curve: every step, booked by its last attempt from the details' history (which the
     # checkpoints carried); the continued job's curve file started with the steps before it.
-    from ggpo_batch.curve import points_of, read_curve
+    from ggpo_batch.contracts.curve import points_of, read_curve
 
     assert ledger.curves(a.experiment_id)[a.id]["step"] == [p["step"] for p in points_of(details["history"])] == [0, 1, 2]
     assert [p["step"] for p in read_curve(attempt_folder(settings.jobs_dir, a.run_key, 4))] == [0, 1, 2]
@@ -235,12 +225,7 @@ def test_runs_continue_past_their_time_limit_through_a_real_worker(ledger, setti
 
 
 def test_the_save_deadline_counts_from_the_allocations_start(monkeypatch: pytest.MonkeyPatch):
-    from ggpo_batch.allocation import (
-        SIGNAL_DELAY_ENV,
-        TIME_LIMIT_ENV,
-        save_deadline,
-        time_limit_export,
-    )
+    from ggpo_batch.contracts.allocation import SIGNAL_DELAY_ENV, TIME_LIMIT_ENV, save_deadline, time_limit_export
 
     assert time_limit_export(600, 90) == f"export {TIME_LIMIT_ENV}=600 {SIGNAL_DELAY_ENV}=90"
     monkeypatch.delenv(TIME_LIMIT_ENV, raising=False)
@@ -256,10 +241,10 @@ def test_the_save_deadline_counts_from_the_allocations_start(monkeypatch: pytest
 def test_an_attempt_books_its_own_allocation_not_the_records_sum_of_all(ledger, settings, tmp_path: Path):  # type: ignore[no-untyped-def]
     """A resumed job's record bills every allocation of the run (seed 000's: 3,433 s); the attempt is
     booked with its own allocation's seconds (the details' 1,000 s), never the earlier ones again."""
-    from ggpo_batch.allocation import details_path, record_path
+    from ggpo_batch.contracts.allocation import details_path, record_path
+    from ggpo_batch.control.settlement import settle
     from ggpo_batch.executor.base import JobInfo
     from ggpo_batch.ledger import NewRun
-    from ggpo_batch.settlement import settle
     from tests.support.paths import SEED_000
 
     _key, rec = next(iter(json.loads(SEED_000.read_text()).items()))

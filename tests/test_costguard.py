@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import costguard
-from ggpo_batch.config import Settings
-from ggpo_batch.enqueue import new_experiment, new_run
+from ggpo_batch.config.settings import Settings
+from ggpo_batch.control import costguard
+from ggpo_batch.control.enqueue import new_experiment, new_run
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.status import experiment_status
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import REPO, SEED_000, SEED_003
 
 SPEC = REPO / "jobs" / "exposure-5arm.toml"

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from sqlalchemy import event
 
 from ggpo_batch.cli import cli
-from ggpo_batch.importer import import_results
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.spending import cost_view
 from tests.support.paths import SEED_000

@@ -12,15 +12,7 @@ from typing import Any
 
 import pytest
 
-from ggpo_batch.curve import (
-    FIGURES,
-    append_points,
-    curve_path,
-    point_of,
-    points_of,
-    read_curve,
-    start_curve,
-)
+from ggpo_batch.contracts.curve import FIGURES, append_points, curve_path, point_of, points_of, read_curve, start_curve
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.ledger.observations import Observations
 from ggpo_batch.reporting.learning_curves import (
@@ -160,3 +152,34 @@ def test_settlement_books_the_curve_in_bulk_and_the_provenance_with_the_attempt(
     assert [r["run_key"] for r in drawn["runs"]] == [key] and drawn["runs"][0]["points"] == 250
     assert drawn["arms"]["clean"]["mean_reward"]["mean"][-1] == pytest.approx(24.9)
     json.dumps(drawn)  # plain data
+
+
+def test_curves_near_the_float_limit_aggregate_and_draw_without_overflow() -> None:
+    """A live run's curve.jsonl may hold finite figures near the limit (+-1e308): the mean, band and
+    panels stay finite and the API body is strict JSON (was: OverflowError, a 500, and Infinity/NaN)."""
+    import json
+    import math
+
+    from ggpo_batch.dashboard.charts import curve_panels
+    from ggpo_batch.reporting.learning_curves import arm_curves
+
+    runs = [_curve("clean", 1, [1.0, 2.0, 3.0], [1e308, -1e308, 1.7e308]),
+            _curve("clean", 2, [1.0, 3.0], [1.7e308, -1.7e308])]
+    arms = arm_curves(runs)
+    c = arms["clean"]["mean_reward"]
+    assert c["mean"] and all(math.isfinite(v) for k in ("mean", "low", "high") for v in c[k]), c
+    json.dumps(arms, allow_nan=False)  # strict JSON
+    panels = curve_panels({"arms": arms, "metrics": ["mean_reward"], "runs": []})
+    text = json.dumps(panels, allow_nan=False)
+    assert "nan" not in text.lower() and "inf" not in text.lower()
+
+
+def test_the_dashboards_json_is_strict_whatever_it_is_given() -> None:
+    """Every API body goes through one serializer: a non-finite figure becomes null, never Infinity/NaN."""
+    import json
+
+    from ggpo_batch.dashboard.routes import _json_text
+
+    text = _json_text({"mean": [1.0, float("inf"), float("nan")], "nested": ({"x": -float("inf")},)})
+    assert json.loads(text, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}")) == {
+        "mean": [1.0, None, None], "nested": [{"x": None}]}

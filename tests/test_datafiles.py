@@ -1,4 +1,4 @@
-"""The package's own files (ggpo_batch/datafiles.py): where they are, what setup.cfg ships, the
+"""The package's own files (ggpo_batch/common/datafiles.py): where they are, what setup.cfg ships, the
 profile and suite search path, and that nothing but provenance knows about the checkout."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import datafiles
+from ggpo_batch.common import datafiles
+from ggpo_batch.contracts import code_provenance as provenance
 from ggpo_batch.errors import SpecError
 from ggpo_batch.executor.profile import load_profile
-from ggpo_batch.nightly import provenance
 from ggpo_batch.nightly.suite import load_suite
 from tests.support.paths import JOBS, PACKAGED, REPO
 
@@ -90,7 +90,7 @@ def test_only_provenance_reads_the_checkout() -> None:
     """`grep -rn REPO_DIR ggpo_batch` shows provenance alone: the package reads its files from
     itself (datafiles.py), whether it runs from a checkout or from a wheel."""
     users = sorted(str(p.relative_to(REPO)) for p in (REPO / "ggpo_batch").rglob("*.py") if "REPO_DIR" in p.read_text())
-    assert users == ["ggpo_batch/nightly/provenance.py"]
+    assert users == ["ggpo_batch/contracts/code_provenance.py"]
 
 
 def test_provenance_knows_a_checkout_from_an_enclosing_repository(tmp_path: Path) -> None:

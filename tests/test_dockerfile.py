@@ -66,7 +66,7 @@ def test_paths_go_under_the_root_and_vllm_is_left_out() -> None:
 
 def test_the_build_context_is_the_clone_less_dockerignore() -> None:
     files = dockerfile_check().context_files(REPO)
-    assert "setup.cfg" in files and "ggpo_batch/migrations/env.py" in files
+    assert "setup.cfg" in files and "ggpo_batch/ledger/migrations/env.py" in files
     assert not [f for f in files if f.startswith((".git/", ".venv/", "build/")) or "__pycache__" in f]
     check = dockerfile_check()
     assert check._ignored("a/b/__pycache__/c.pyc", ["**/__pycache__"])

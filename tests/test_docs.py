@@ -31,23 +31,25 @@ def _check(folder: Path | None = None) -> subprocess.CompletedProcess[str]:
 def test_the_reference_pages_are_what_the_code_generates(tmp_path: Path) -> None:
     done = _check()
     assert done.returncode == 0, done.stderr.strip() or done.stdout  # names the page and how to regenerate it
-    # Planted: a page edited by hand (a default changed), another missing.
-    for page in PAGES:
-        shutil.copy(REPO / "docs" / "reference" / page, tmp_path / page)
+    # Planted: a page edited by hand (a default changed), another missing, a JSON Schema's type changed.
+    shutil.copytree(REPO / "docs" / "reference", tmp_path, dirs_exist_ok=True)
+    assert {p.name for p in tmp_path.iterdir()} >= set(PAGES)
     spec = tmp_path / "spec.md"
     spec.write_text(spec.read_text().replace("| `group_size` | integer | `4` |", "| `group_size` | integer | `8` |"))
     (tmp_path / "commands.md").unlink()
+    db_current = tmp_path / "json" / "db_current.schema.json"
+    db_current.write_text(db_current.read_text().replace('"string"', '"integer"', 1))
     done = _check(tmp_path)
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 2 and all("is stale: run `python tools/docs/reference.py` to regenerate it" in x
+    assert len(lines) == 3 and all("is stale: run `python tools/docs/reference.py` to regenerate it" in x
                                    for x in lines), done.stderr
-    assert {Path(x.split(" is stale")[0]).name for x in lines} == {"spec.md", "commands.md"}
+    assert {Path(x.split(" is stale")[0]).name for x in lines} == {"spec.md", "commands.md", "db_current.schema.json"}
 
 
 def test_a_new_option_or_setting_changes_the_generated_pages(monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggpo_batch import spec_fields
     from ggpo_batch.cli import cli
+    from ggpo_batch.contracts import spec_fields
     from tools.docs import commands_md, records_md, settings_md
 
     before = commands_md.markdown()
@@ -67,13 +69,13 @@ def test_a_new_option_or_setting_changes_the_generated_pages(monkeypatch: pytest
     monkeypatch.setattr(settings_md, "setting_names", lambda: read)
     monkeypatch.setattr(settings_md, "names_in_package", lambda: {"GGPO_SECRET_KNOB"})
     assert settings_md.problems() == [
-        "GGPO_NEW_SETTING: read by ggpo_batch/config.py, no meaning in tools/docs/settings_md.py",
+        "GGPO_NEW_SETTING: read by ggpo_batch/config/settings.py, no meaning in tools/docs/settings_md.py",
         "GGPO_SECRET_KNOB: a GGPO_ name of the package that tools/docs/settings_md.py does not list"]
     with pytest.raises(SystemExit, match="GGPO_NEW_SETTING"):
         settings_md.markdown()
     monkeypatch.setattr(records_md, "details_keys_in_job", lambda: [*records_md.DETAILS, "packing"])
     assert records_md.problems() == [
-        "details.packing: written by train/job.py, not described in tools/docs/records_md.py"]
+        "details.packing: written by train/run/job.py, not described in tools/docs/records_md.py"]
 
 
 # -- links and headings ----------------------------------------------------------------------------

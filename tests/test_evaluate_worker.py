@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-from ggpo_batch.enqueue import enqueue_spec
-from ggpo_batch.spec import load_spec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.spec.parse import load_spec
 
 pytestmark = [pytest.mark.redis, pytest.mark.train, pytest.mark.slow]
 
@@ -39,7 +39,7 @@ data = "after.jsonl"
 
 def _items(n_train: int, n_heldout: int) -> tuple[list, list]:
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.task import synthetic
+    from ggpo_batch.train.task.qa import synthetic
 
     data = synthetic(TrainConfig.from_table({}, "<test>"))
     return list(data.train[:n_train]), list(data.heldout[:n_heldout])
@@ -51,15 +51,12 @@ def _write(path: Path, items: list) -> Path:
     return path
 
 
+@pytest.mark.slow_reason("a training run and its evaluations end to end through an RQ worker")
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)  # the ledger's part runs on both in test_evaluations
 def test_spec_and_command_evaluations_run_through_the_worker_and_the_report_reads_them(  # type: ignore[no-untyped-def]
         ledger, settings, worker_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggpo_batch.accounting import gpu_hours
-    from ggpo_batch.allocation import (
-        attempt_folder,
-        details_path,
-        evaluation_record_path,
-    )
+    from ggpo_batch.contracts.accounting import gpu_hours
+    from ggpo_batch.contracts.allocation import attempt_folder, details_path, evaluation_record_path
     from ggpo_batch.reporting import stats
     from ggpo_batch.reporting.report import experiment_report
     from tests.support.workers import run_burst_worker
@@ -92,7 +89,7 @@ def test_spec_and_command_evaluations_run_through_the_worker_and_the_report_read
     # `evaluate` on 2 ranks: items the first run trained on, and held-out ones
     first = json.loads(details_path(attempt_folder(settings.jobs_dir, keys[0], 1)).read_text())["trained_item_ids"]
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.task import synthetic
+    from ggpo_batch.train.task.qa import synthetic
 
     every = {i.item_id: i for i in synthetic(TrainConfig.from_table({}, "<test>")).train}
     again = _write(tmp_path / "again.jsonl", [every[i] for i in first[:3]] + heldout[1:])

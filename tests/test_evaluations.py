@@ -14,17 +14,17 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
+from ggpo_batch.contracts.evaluation_spec import EvaluationSpec, evaluation_key
+from ggpo_batch.control.evaluation_jobs import check_evaluation_record, conclude
+from ggpo_batch.control.evaluations import planned_by_spec, retry_evaluation
+from ggpo_batch.control.queue import EVALUATION_JOB_FUNC, RunQueue
+from ggpo_batch.control.reconcile import reconcile
+from ggpo_batch.control.settlement import settle, settle_own
 from ggpo_batch.errors import LedgerError, SpecError
-from ggpo_batch.evaluation_jobs import check_evaluation_record, conclude
-from ggpo_batch.evaluation_spec import EvaluationSpec, evaluation_key
-from ggpo_batch.evaluations import planned_by_spec, retry_evaluation
 from ggpo_batch.executor.base import JobInfo
 from ggpo_batch.ledger import QuotaExceeded
-from ggpo_batch.ledger.attempts import AttemptPlan
 from ggpo_batch.ledger.new_evaluations import NewEvaluation
-from ggpo_batch.queue import EVALUATION_JOB_FUNC, RunQueue
-from ggpo_batch.reconcile import reconcile
-from ggpo_batch.settlement import settle, settle_own
+from ggpo_batch.ledger.submissions import AttemptPlan
 from tests.support.evaluations import (
     TRAINED,
     items_file,
@@ -119,7 +119,7 @@ def test_spec_evaluations_are_queued_by_the_success_and_survive_a_redis_flush(le
                    run_spec=run_spec(k, rec["arm"], rec["seed"] + i, evaluations=asked)) for i, k in enumerate(keys)]
     ledger.create_experiment(name="sp", version=1, method="ggpo", source="spec", spec_hash="s", spec={}, gpus=4,
                              actor="t", runs=runs, queue="testq")
-    from ggpo_batch.allocation import record_path
+    from ggpo_batch.contracts.allocation import record_path
 
     for i, k in enumerate(keys):
         folder = training_files(settings.jobs_dir, k)
@@ -250,7 +250,7 @@ def test_evaluate_queues_one_per_succeeded_run_and_refuses_what_it_cannot_run(en
     assert done[keys[1]]["cancelled_job"] == "debug-77" and done[keys[1]]["was"] == "submitted"
     assert {ledger.get_evaluation(k).state for k in (waiting, running)} == {"cancelled"}
     assert RunQueue.from_url(redis_url, "ggpo").present() == set()
-    from ggpo_batch.config import load_settings
+    from ggpo_batch.config.settings import load_settings
 
     reconcile(ledger, load_settings(), [RunQueue.from_url(redis_url, "ggpo")], actor="rec")
     assert ledger.get_run(keys[1]).attempts[-1].state == "lost"  # a debug job of another process
@@ -261,7 +261,7 @@ def test_report_reads_a_named_outcome_set_with_the_same_intervals(ledger, tmp_pa
     """The 5-arm experiment of test_report_outcomes, then an outcome set whose figures are those of a
     second reward table, booked through evaluation attempts: `report --outcomes` gives the set's
     figures with the report's own statistics, and the training figures stay as they were."""
-    from ggpo_batch.outcome import outcome_from_evaluation
+    from ggpo_batch.contracts.outcome import outcome_from_evaluation
     from ggpo_batch.reporting.report import experiment_report
     from tests.test_report_outcomes import ARMS, REWARDS, SEEDS, _evaluation, build
 
@@ -307,7 +307,7 @@ def test_report_reads_a_named_outcome_set_with_the_same_intervals(ledger, tmp_pa
 
 
 def _record(spec: EvaluationSpec, rows: list[dict], **over: object) -> dict:
-    from ggpo_batch.train.evaluation import summarize
+    from ggpo_batch.train.run.evaluation import summarize
 
     ev = summarize(rows, TRAINED, planned=1, how={"decoding": "greedy", "temperature": 0.0, "samples": 1})
     return {"evaluation_record": 1, "run_key": spec.run_key, "name": spec.name,
@@ -317,11 +317,11 @@ def _record(spec: EvaluationSpec, rows: list[dict], **over: object) -> dict:
 
 def test_an_evaluation_record_is_checked_before_its_outcome_is_booked(tmp_path: Path) -> None:
     """Planted defects in the job's record: each makes the attempt fail, with the reason."""
-    from ggpo_batch.allocation import evaluation_record_path
+    from ggpo_batch.contracts.allocation import evaluation_record_path
     from ggpo_batch.ledger.schema import Attempt, Evaluation
 
     folder = training_files(tmp_path, "x-v1-1-clean")
-    from ggpo_batch.allocation import details_path
+    from ggpo_batch.contracts.allocation import details_path
 
     spec = EvaluationSpec(key="x-v1-1-clean-eval_e", name="e", run_key="x-v1-1-clean", data_path="/d", data_sha256="ab",
                           items=2, gpus=2, policy_dir="/p", details_path=str(details_path(folder)), run_spec={})
@@ -361,9 +361,9 @@ def test_an_evaluation_record_is_checked_before_its_outcome_is_booked(tmp_path: 
 
 
 def test_a_specs_evaluations_are_checked_when_it_is_parsed_and_by_preflight(tmp_path: Path) -> None:
-    from ggpo_batch import preflight
     from ggpo_batch.errors import SpecError as Refused
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.spec import preflight
+    from ggpo_batch.spec.parse import load_spec
 
     head = ('schema = 1\n[experiment]\nname = "sp"\nmethod = "ggpo"\nseeds = [1]\nexecutor = "{executor}"\n'
             'profile = "dev-cluster"\ngpus = 4\n[arms.clean]\nexposure = "none"\n')

@@ -10,11 +10,11 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
+from ggpo_batch.common.schemas import SCHEMAS
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.export import ATTEMPT_COLUMNS, RUN_COLUMNS, export_ledger
-from ggpo_batch.schemas import SCHEMAS
 from tests.support.paths import SEED_000
 
 

@@ -7,16 +7,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
-from ggpo_batch.allocation import (
-    CHECKPOINT_NAME,
-    DETAILS_NAME,
-    RECORD_NAME,
-    attempt_folder,
-    policy_of,
-)
 from ggpo_batch.cli import cli
+from ggpo_batch.contracts.allocation import CHECKPOINT_NAME, DETAILS_NAME, RECORD_NAME, attempt_folder, policy_of
 from ggpo_batch.ledger import NewRun, connect
 
 KEYS = {"live": "g-v1-1-live", "requeued": "g-v1-1-requeued", "retried": "g-v1-1-retried",
@@ -119,3 +114,14 @@ def test_gc_refuses_bad_options_in_one_line(env: dict[str, str]) -> None:
                         (["-e", "nope"], "no experiment 'nope'")):
         res = _gc(*args)
         assert res.exit_code == 2 and words in res.output and res.output.strip().count("\n") == 0, res.output
+
+
+@pytest.mark.parametrize("age", ["999999w", "999999d"])
+def test_gc_older_than_beyond_the_calendar_is_nothing_that_old(env: dict[str, str], db_url: str, age: str) -> None:
+    """An age reaching before year 1 (a valid form) removes nothing and exits 0, never an OverflowError."""
+    assert CliRunner().invoke(cli, ["db", "upgrade"]).exit_code == 0
+    jobs = Path(env["GGPO_DATA_DIR"]) / "jobs"
+    files = _setup(db_url, jobs)
+    res = CliRunner().invoke(cli, ["gc", "--older-than", age, "--json"])
+    assert res.exit_code == 0 and res.exception is None, res.output
+    assert json.loads(res.output)["runs"] == [] and all(p.exists() for group in files.values() for p in group)

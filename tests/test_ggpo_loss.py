@@ -5,13 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ggpo_batch.train.ggpo import (
-    GgpoConfig,
-    ggpo_loss,
-    group_advantages,
-    token_logprobs,
-    truncated_is_weights,
-)
+from ggpo_batch.train.policy.ggpo import GgpoConfig, ggpo_loss, group_advantages, token_logprobs, truncated_is_weights
 
 
 def test_equal_reward_groups_are_dropped_and_advantages_are_standardised() -> None:

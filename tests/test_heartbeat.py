@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-from ggpo_batch.config import load_settings
-from ggpo_batch.heartbeat import (
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.contracts.heartbeat import (
     HEARTBEAT_NAME,
     HUNG_AFTER_SECONDS,
     Heartbeat,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.config import load_settings
+from ggpo_batch.config.settings import load_settings
 from ggpo_batch.errors import ConfigError
 from tests.dashboard.server import cli_env, ggpo
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.errors import RecordError
-from ggpo_batch.importer import import_results
 from ggpo_batch.reporting.status import experiment_status
 from tests.support.paths import SEED_000
 

@@ -1,4 +1,4 @@
-"""`ggpo-batch init [DIR]` (ggpo_batch/starter.py) and the install smoke check (ggpo_batch/smoke.py)."""
+"""`ggpo-batch init [DIR]` (ggpo_batch/spec/starter.py) and the install smoke check (ggpo_batch/smoke.py)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch import datafiles, smoke
+from ggpo_batch import smoke
 from ggpo_batch.cli import cli
-from ggpo_batch.spec import load_spec
+from ggpo_batch.common import datafiles
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import PACKAGED
 
 
@@ -91,3 +92,41 @@ def test_smoke_passes_here_and_fails_without_the_migrations(tmp_path: Path, monk
     assert smoke.main([]) == 1
     out = capsys.readouterr().out
     assert "FAIL  ledger:" in out and "FAIL  examples:" in out and "smoke: 3 of 5 checks passed" in out
+
+
+def test_init_force_replaces_links_and_never_writes_through_them(tmp_path: Path) -> None:
+    """A link in a target's place (to a file outside, or dangling) is replaced by the file; the
+    link's target is untouched and nothing is created outside the folder."""
+    folder = tmp_path / "exp"
+    assert _run("init", str(folder)).exit_code == 0
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep me\n")
+    (folder / "experiment.toml").unlink()
+    (folder / "experiment.toml").symlink_to(outside)
+    (folder / "data" / "eval.jsonl").unlink()
+    (folder / "data" / "eval.jsonl").symlink_to(tmp_path / "dangling.jsonl")
+    done = _run("init", str(folder), "--force")
+    assert done.exit_code == 0, done.output
+    assert outside.read_text() == "keep me\n" and not (tmp_path / "dangling.jsonl").exists()
+    assert not (folder / "experiment.toml").is_symlink() and not (folder / "data" / "eval.jsonl").is_symlink()
+    assert (folder / "experiment.toml").read_bytes() == (PACKAGED / "starter" / "experiment.toml").read_bytes()
+    assert sorted(p.name for p in folder.iterdir()) == ["data", "examples", "experiment.toml", "profiles"]
+
+
+def test_init_names_a_fifo_or_a_linked_folder_in_its_place(tmp_path: Path) -> None:
+    folder = tmp_path / "exp"
+    assert _run("init", str(folder)).exit_code == 0
+    spec = folder / "experiment.toml"
+    spec.unlink()
+    os.mkfifo(spec)
+    done = _run("init", str(folder), "--force")
+    assert done.exit_code == 2 and done.output.count("\n") == 1, done.output
+    assert f"{spec}: a FIFO is there, not a file" in done.output and "None" not in done.output
+    spec.unlink()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (folder / "data").rename(tmp_path / "old-data")
+    (folder / "data").symlink_to(elsewhere)
+    linked = _run("init", str(folder), "--force")
+    assert linked.exit_code == 2 and f"{folder / 'data'}: is a link" in linked.output, linked.output
+    assert list(elsewhere.iterdir()) == [] and not spec.exists()  # nothing written

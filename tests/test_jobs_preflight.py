@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import JOBS
 from tests.support.specs import flagship_with
 
@@ -37,11 +37,7 @@ def test_every_spec_passes_preflight_or_names_only_absent_inputs(path: Path):
 def test_the_flagship_passes_preflight_once_its_placeholders_name_real_files(tmp_path: Path):
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
-    from ggpo_batch.train.tiny_hf import (
-        THINKING_CHAT_TEMPLATE,
-        build_checkpoint,
-        build_qa_set,
-    )
+    from ggpo_batch.train.task.tiny_hf import THINKING_CHAT_TEMPLATE, build_checkpoint, build_qa_set
 
     # A Qwen3-like hybrid chat template, as the flagship's Qwen3 checkpoint has (it reads enable_thinking).
     model = build_checkpoint(tmp_path / "model", chat_template=THINKING_CHAT_TEMPLATE)

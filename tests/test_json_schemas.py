@@ -4,10 +4,16 @@ One ledger holds what every document can show (an imported experiment of 15 succ
 spec's runs queued on Redis, a failed one, a running one with a heartbeat, one with a log, one
 booked with its provenance and learning curve, a decision, a nightly component record); each
 `--json` command and dashboard API prints its document over it, on SQLite and on PostgreSQL. The
-shape of each (its field paths, `ggpo_batch.schemas.key_paths`) must equal the shape recorded for
+shape of each (its field paths, `ggpo_batch.common.schemas.key_paths`) must equal the shape recorded for
 its number in tests/data/json_shapes.json. That file is append-only: a number's shape, once
 recorded, never changes. A new number's shape is recorded by running this module with GGPO_RECORD_JSON_SHAPES=1;
 docs/json.md is generated from the record.
+
+Beside the shapes, the types: tests/data/json_types.json records the JSON types of each field of each
+number (`ggpo_batch.common.schema_types`), append-only too (recording types for a number that has none
+is not a shape change); a field seen with a type its number does not record fails. Every document is
+validated against its published JSON Schema (docs/reference/json/KIND.schema.json, made from that
+record by `python tools/docs/reference.py`) with jsonschema.
 """
 
 from __future__ import annotations
@@ -21,15 +27,15 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch import schemas
 from ggpo_batch.cli import cli
-from ggpo_batch.curve import points_of
-from ggpo_batch.evaluation_spec import evaluation_key
-from ggpo_batch.heartbeat import Heartbeat
+from ggpo_batch.common import schema_types, schemas
+from ggpo_batch.contracts.curve import points_of
+from ggpo_batch.contracts.evaluation_spec import evaluation_key
+from ggpo_batch.contracts.heartbeat import Heartbeat
+from ggpo_batch.contracts.provenance import collect, split_distributions
 from ggpo_batch.ledger import NewRun
-from ggpo_batch.ledger.attempts import AttemptPlan
 from ggpo_batch.ledger.observations import Observations
-from ggpo_batch.run_provenance import collect, split_distributions
+from ggpo_batch.ledger.submissions import AttemptPlan
 from tests.dashboard.server import Dashboard, cli_env, get
 from tests.support.evaluations import items_file, succeeded_experiment, training_files
 from tests.support.paths import DATA, REPO, SEED_000, SEED_003
@@ -37,6 +43,7 @@ from tests.support.paths import DATA, REPO, SEED_000, SEED_003
 pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 SHAPES = DATA / "json_shapes.json"
+TYPES = DATA / "json_types.json"
 DOC = REPO / "docs" / "json.md"
 RECORD = os.environ.get("GGPO_RECORD_JSON_SHAPES") == "1"
 
@@ -145,8 +152,23 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
         add("status", _cli("status", "--json", *args))
     add("components", _cli("status", "--components", "--json"))
     add("report", _cli("report", "done-exp", "--json"))
+    _powered(env)  # an experiment with eval rewards paired by seed and a [power] table: the report's power block
+    add("report", _cli("report", "powered-exp", "--json"))
+    add("plan", _cli("plan", str(spec), "--sigma", "0.1", "--effect", "0.05", "--json"))
+    add("plan", _cli("plan", str(spec), "--metric", "steps", "--json"))  # sigma from the ledger (done-exp)
+    sequential = tmp_path / "sequential.toml"
+    sequential.write_text(SPEC.replace("seeds = [1, 2, 3, 4]", "seeds = [1, 2, 3, 4, 5]")
+                          + '[power]\nsigma = 0.1\neffect = 0.05\ndesign = "sequential"\nwaves = [3, 5]\n')
+    add("plan", _cli("plan", str(sequential), "--json"))
+    add("advise", _cli("advise", "done-exp", "--metric", "steps", "--max-gpu-hours", "64", "--json"))
+    add("advise", _cli("advise", "powered-exp", "--json"))
     add("report", _cli("report", "queued-exp", "--json"))
     add("report_comparison", _cli("report", "done-exp", "queued-exp", "--json"))
+    # eval rewards paired by seed, a [power] table and intervals of the difference on both sides
+    add("report_comparison", _cli("report", "powered-exp", "done-exp", "--json"))
+    add("report_comparison", _cli("report", "done-exp", "powered-exp", "--json"))
+    add("report_comparison", _cli("report", "powered-exp", "powered-exp", "--json"))
+    add("report_comparison", _cli("report", "done-exp", "done-exp", "--json"))
     add("ledger_export", _cli("ledger", "export", "--format", "json"))
     for by in ("user", "experiment", "queue", "month"):
         add("costs", _cli("costs", "--by", by, "--json"))
@@ -162,6 +184,7 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
                             ("dashboard_experiment", "/api/experiments/evaluated"),
 
                             ("dashboard_experiment", "/api/experiments/curved-exp"),
+                            ("dashboard_experiment", "/api/experiments/powered-exp"),
                             ("dashboard_run", f"/api/runs/{booked}"), ("curves", "/api/experiments/done-exp/curves"),
                             ("curves", "/api/experiments/curved-exp/curves")):
             code, body = get(dash.url + route)
@@ -172,10 +195,30 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     return docs
 
 
+def _powered(env: dict[str, str]) -> None:
+    from ggpo_batch.ledger import connect
+
+    led = connect(env["GGPO_DB_URL"])
+    runs = [NewRun(run_key=f"powered-exp-v1-{seed}-{arm}", arm=arm, seed=seed, config_hash="h", run_spec={"gpus": 1})
+            for arm in ("clean", "paired") for seed in (1, 2, 3)]
+    led.create_experiment(name="powered-exp", version=1, method="other", source="spec", spec_hash="p", gpus=1,
+                          spec={"power": {"metric": "eval_reward", "effect": 0.05, "design": "sequential", "waves": [2, 3]}}, actor="t", runs=runs)
+    for i, r in enumerate(runs):
+        led.begin_attempt(r.run_key, executor="local", gpus=1, actor="t", worker="w")
+        led.mark_submitted(r.run_key, 1, job_id=f"p{i}", actor="t")
+        reward = 0.4 + 0.01 * i * i
+        led.mark_finished(r.run_key, 1, attempt_state="succeeded", run_state="succeeded", actor="t",
+                          gpu_hours_job=0.5, result={"arm": r.arm, "seed": r.seed},
+                          outcome={"eval_reward": reward, "exposed_reward": reward, "unexposed_reward": reward,
+                                   "items": 2, "exposed_items": 1, "decoding": "greedy", "temperature": 0.0,
+                                   "samples": 1})
+    led.engine.dispose()
+
+
 def _notifications(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, add: Any) -> None:
     """The outbox after one delivery pass to a webhook that refuses connections, as `notifications`
     shows it, and each notification as a webhook would get it."""
-    from ggpo_batch.config import load_settings
+    from ggpo_batch.config.settings import load_settings
     from ggpo_batch.ledger import connect
     from ggpo_batch.notify.delivery import deliver_due
     from ggpo_batch.notify.senders import payload
@@ -218,7 +261,7 @@ def _shape_problems(docs: dict[str, list[Any]], recorded: dict[str, dict[str, li
         elif set(known) != shape:
             added, removed = sorted(shape - set(known)), sorted(set(known) - shape)
             problems.append(f"{kind}: the shape of schema {number} changed (added {added}, removed {removed}): give "
-                            f"it a new number in ggpo_batch/schemas.py and record that one")
+                            f"it a new number in ggpo_batch/common/schemas.py and record that one")
     return problems
 
 
@@ -226,17 +269,60 @@ def _recorded() -> dict[str, dict[str, list[str]]]:
     return json.loads(SHAPES.read_text()) if SHAPES.exists() else {}
 
 
+def _recorded_types() -> dict[str, dict[str, dict[str, list[str]]]]:
+    return json.loads(TYPES.read_text()) if TYPES.exists() else {}
+
+
+def _type_problems(docs: dict[str, list[Any]], recorded: dict[str, dict[str, dict[str, list[str]]]]) -> list[str]:
+    """Fields of `docs` seen with a type the record of their number does not hold (with
+    GGPO_RECORD_JSON_SHAPES=1, a number without recorded types is recorded in `recorded` instead)."""
+    problems = []
+    for kind, documents in docs.items():
+        number = schemas.SCHEMAS[kind].number
+        seen: dict[str, set[str]] = {}
+        for d in documents:
+            for key, types in schema_types.type_paths(kind, d).items():
+                seen.setdefault(key, set()).update(types)
+        known = recorded.setdefault(kind, {}).get(str(number))
+        if known is None:
+            if RECORD:
+                recorded[kind][str(number)] = {k: schema_types.normal_types(v) for k, v in sorted(seen.items())}
+                continue
+            problems.append(f"{kind}: no types recorded for schema {number} (record them: GGPO_RECORD_JSON_SHAPES=1)")
+            continue
+        for key, types in sorted(seen.items()):
+            base = key.split(schema_types.ITEMS)[0]  # the elements of a list whose field had no type yet: none either
+            if schema_types.unknown(known.get(key, known.get(base, ["?"]) if base != key else ["?"])):
+                if RECORD:  # completing the record: no type seen before changes
+                    known[key] = schema_types.normal_types({*known.get(key, ()), *types})
+            elif key not in known:
+                problems.append(f"{kind}: schema {number} records no type for {key} (seen {sorted(types)})")
+            elif not schema_types.admits(known[key], types):
+                problems.append(f"{kind}: {key} of schema {number} is {known[key]}, seen {sorted(types)}: a changed "
+                                f"type needs a new number in ggpo_batch/common/schemas.py")
+    return problems
+
+
+def _validation_problems(docs: dict[str, list[Any]]) -> list[str]:
+    """Each document checked against its published schema (docs/reference/json/KIND.schema.json)."""
+    from tests.support.json_contract import problems_of
+
+    return [p for kind, documents in docs.items() for d in documents for p in problems_of(kind, d)]
+
+
 def test_every_document_has_its_number_and_the_shape_recorded_for_it(env: dict[str, str], tmp_path: Path,
                                                                      redis_url: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     docs = _documents(env, tmp_path, redis_url, monkeypatch)
     assert set(docs) == set(schemas.SCHEMAS), "a kind of document is not exercised here"
-    recorded = _recorded()
-    problems = _shape_problems(docs, recorded)
+    recorded, recorded_types = _recorded(), _recorded_types()
+    problems = _shape_problems(docs, recorded) + _type_problems(docs, recorded_types)
     if RECORD:
         SHAPES.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
+        TYPES.write_text(json.dumps(recorded_types, indent=1, sort_keys=True) + "\n")
         DOC.write_text(schemas.markdown(recorded))
     assert not problems, "\n".join(problems)
+    assert _validation_problems(docs) == []
     assert DOC.read_text() == schemas.markdown(recorded), "docs/json.md is stale: GGPO_RECORD_JSON_SHAPES=1 rewrites it"
     # Streamed documents say their number on the first line.
     assert _first_line_has_schema(_cli("status", "--json", "--runs"), "status")

@@ -177,7 +177,7 @@ def test_begin_submission_reads_the_run_and_begins_its_attempt_in_one_transactio
     """The worker's first step: the run's spec and queue as the transaction locked them, the
     attempt begun as `plan` says (quota included); a run that is not queued is left untouched."""
     from ggpo_batch.ledger import QuotaExceeded
-    from ggpo_batch.ledger.attempts import AttemptPlan
+    from ggpo_batch.ledger.submissions import AttemptPlan
 
     _experiment(ledger, n=3)
     seen = []
@@ -211,7 +211,7 @@ def test_begin_submission_reads_the_run_and_begins_its_attempt_in_one_transactio
 def test_begin_submission_follows_the_latest_attempt(ledger) -> None:  # type: ignore[no-untyped-def]
     """The run and its latest attempt come from one query: the next attempt is numbered after the
     latest of several, and one still being submitted keeps the run from a second worker."""
-    from ggpo_batch.ledger.attempts import AttemptPlan
+    from ggpo_batch.ledger.submissions import AttemptPlan
 
     _experiment(ledger, n=1)
     key = "e-v1-0-clean"
@@ -263,7 +263,7 @@ def test_a_worker_job_waits_ten_times_for_postgresql(ledger, db_url) -> None:  #
     COMMIT). Each wait is a wake-up of the server, and on a remote ledger a network round trip.
     Counted on the ledger as a worker opens it: no pre-ping when a connection leaves the pool."""
     from ggpo_batch.ledger import connect
-    from ggpo_batch.ledger.attempts import AttemptPlan
+    from ggpo_batch.ledger.submissions import AttemptPlan
 
     _experiment(ledger, n=1)
     key = "e-v1-0-clean"

@@ -19,17 +19,17 @@ from click.testing import CliRunner
 pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.allocation import attempt_folder, record_path
 from ggpo_batch.cli import cli
-from ggpo_batch.config import load_settings
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.contracts.allocation import attempt_folder, record_path
+from ggpo_batch.contracts.heartbeat import read_heartbeat
+from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.control.reconcile import reconcile
 from ggpo_batch.executor.local import LocalExecutor
-from ggpo_batch.heartbeat import read_heartbeat
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.ledger.heartbeats import attempt_heartbeat
-from ggpo_batch.reconcile import reconcile
 from ggpo_batch.reporting.status import experiment_status
-from ggpo_batch.runspec import RunSpec
 from tests.support.arms import ARMS
 from tests.support.paths import REPO
 from tests.support.waiting import preempt_after_step
@@ -125,9 +125,9 @@ def test_a_preempted_job_resumed_in_its_folder_continues_its_mlflow_run(tmp_path
 
     from mlflow.tracking import MlflowClient
 
-    from ggpo_batch.tracking import run_id_path
-    from ggpo_batch.train.job import Preempted
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.train.run.job import Preempted
+    from ggpo_batch.train.run.launch import train_local
+    from ggpo_batch.train.run.tracking import run_id_path
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("GGPO_MLFLOW_URI", store)

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch.allocation import attempt_folder
 from ggpo_batch.cli import cli
-from ggpo_batch.joblogs import DEBUG_ERROR_NAME, log_path, tail_text
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
+from ggpo_batch.reporting.joblogs import DEBUG_ERROR_NAME, log_path, tail_text
 from tests.support.paths import REPO
 
 KEY = "lg-v1-1-clean"

@@ -1,4 +1,4 @@
-"""A job's logs are the job's files, not ours (ggpo_batch/untrusted_files.py): `logs` and the
+"""A job's logs are the job's files, not ours (ggpo_batch/common/untrusted_files.py): `logs` and the
 dashboard's run page read them only as regular files inside the attempt folder, in bounded memory,
 the tail from the end; a link leading out of the folder, a FIFO, a device or an unreadable file is
 named in one line (exit 2; 6 for unreadable), the others still shown; odd file names are not ranks;
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.allocation import attempt_folder
-from ggpo_batch.joblogs import log_path
+from ggpo_batch.common.schemas import SCHEMAS
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
-from ggpo_batch.schemas import SCHEMAS
+from ggpo_batch.reporting.joblogs import log_path
 from tests.dashboard.server import Dashboard, get
 from tests.support.paths import REPO
 from tests.support.processes import ggpo_measured, unprivileged, unprivileged_prefix
@@ -172,7 +172,9 @@ def test_a_huge_log_streams_in_bounded_memory_and_its_tail_is_read_from_the_end(
     tail = _progress_bar(err, 64 * MIB)
     res = _logs("--rank", "0", "--stream", "stderr", "-n", "5", timeout=60)
     assert res.returncode == 0, res.stderr
-    assert res.stdout == "\r".join(tail.decode().split("\r")[-5:]) + "\n"  # the last 5 "lines", as a terminal
+    # the last 5 "lines", as a terminal counts them, each on a line of its own: a "\r" passed through
+    # would let a redraw hide text before it
+    assert res.stdout == "\n".join(tail.decode().split("\r")[-5:]) + "\n"
     assert res.max_rss_bytes < 200 * MIB and res.seconds < 30, (res.max_rss_bytes, res.seconds)
     out = _log(env, 0, "stdout")
     with open(out, "wb") as fh:  # 64 MiB without any line end
@@ -245,8 +247,8 @@ def _reference_start(data: bytes, lines: int) -> int:
 def test_line_start_finds_the_last_lines_whatever_the_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
     """Against a regular expression over the whole file, for random files of "\\n", "\\r\\n" and lone
     "\\r" line ends read in blocks of 1 to 8 bytes (a "\\r\\n" split between two blocks is one end)."""
-    from ggpo_batch import untrusted_files
-    from ggpo_batch.untrusted_files import line_start
+    from ggpo_batch.common import untrusted_files
+    from ggpo_batch.common.untrusted_files import line_start
 
     rng = random.Random(29)
     with tempfile.TemporaryFile() as fh:
@@ -262,10 +264,23 @@ def test_line_start_finds_the_last_lines_whatever_the_blocks(monkeypatch: pytest
 
 
 def test_line_cuts_never_split_a_word_and_hold_a_bounded_amount() -> None:
-    from ggpo_batch import joblogs
-    from ggpo_batch.joblogs import LineCuts
+    from ggpo_batch.reporting import joblogs
+    from ggpo_batch.reporting.joblogs import LineCuts
 
     cuts = LineCuts()
     pieces = [cuts.feed(t) for t in ("pass", "word-in-a-line\nnext pa", "rt\r", "x" * (joblogs.HOLD_MAX_CHARS + 10))]
     assert pieces[:3] == ["", "password-in-a-line\n", "next part\r"]
     assert pieces[3] == "x" * (joblogs.HOLD_MAX_CHARS + 10) and cuts.flush() == ""  # no space: written whole
+
+
+def test_every_carriage_return_is_shown_as_a_line_end_across_chunks() -> None:
+    """A progress bar's bare "\\r" and a "\\r\\n" split between two reads are each one line end: a "\\r"
+    sent to a terminal would let the next text overwrite the line, and one line end is never two."""
+    from ggpo_batch.common.printable import LineEnds, terminal_text
+
+    as_lines = LineEnds()
+    chunks = ["step 1\rstep 2\r", "\nwarn\r\n", "", "tail\r", "", "\nend"]
+    shown = "".join(as_lines(c) for c in chunks)
+    assert shown == "step 1\nstep 2\nwarn\ntail\nend"
+    assert terminal_text(shown) == shown  # nothing left for the terminal escaping to mangle
+    assert "".join(LineEnds()(c) for c in ["a\r", "b"]) == "a\nb"

@@ -25,13 +25,56 @@ def test_upgrade_empty_then_downgrade_to_base(db_url: str) -> None:
     engine.dispose()
 
 
-def test_migrations_create_exactly_the_model_tables(db_url: str) -> None:
+def schema_drift(engine, metadata) -> list:  # type: ignore[no-untyped-def]
+    """What Alembic's autogenerate finds between the database and `metadata` (tables, columns with
+    their types, nullability and server defaults, indexes, unique and foreign-key constraints), plus
+    what it cannot compare: indexes on expressions, by name (neither dialect reflects them to it)."""
+    import warnings
+
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlalchemy import Column
+
+    with warnings.catch_warnings(), engine.connect() as conn:
+        warnings.filterwarnings("ignore", message=".*expression-based index")
+        context = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        drift = list(compare_metadata(context, metadata))
+        expression_indexes = {i.name for t in metadata.tables.values() for i in t.indexes
+                              if any(not isinstance(e, Column) for e in i.expressions)}
+        if conn.dialect.name == "sqlite":
+            present = set(conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'index'").scalars())
+        else:
+            present = set(conn.exec_driver_sql("SELECT indexname FROM pg_indexes WHERE schemaname = "
+                                               "current_schema()").scalars())
+    drift += [("missing expression index", name) for name in sorted(expression_indexes - present)]
+    return drift
+
+
+def test_migrations_create_exactly_the_model_schema(db_url: str) -> None:
+    """Not only the column names: types, nullability, defaults, indexes and constraints, on both backends."""
     engine = make_engine(db_url)
     upgrade(engine)
-    insp = inspect(engine)
+    assert schema_drift(engine, Base.metadata) == []
+    engine.dispose()
+
+
+def test_the_schema_comparison_finds_a_changed_type_nullability_and_index(db_url: str) -> None:
+    """The comparison can fail: a model whose column names all match the migrated database, with
+    one column's type, another's nullability and two indexes (one on an expression) changed."""
+    from sqlalchemy import Index, MetaData, Text, func
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    planted = MetaData()
     for table in Base.metadata.sorted_tables:
-        cols = {c["name"] for c in insp.get_columns(table.name)}
-        assert cols == {c.name for c in table.columns}, table.name
+        table.to_metadata(planted)
+    runs = planted.tables["runs"]
+    runs.c.arm.type = Text()
+    runs.c.config_hash.nullable = not runs.c.config_hash.nullable
+    Index("ix_runs_planted", runs.c.seed)
+    Index("ix_runs_planted_expression", func.lower(runs.c.arm))
+    kinds = {d[0] if isinstance(d, tuple) else d[0][0] for d in schema_drift(engine, planted)}
+    assert {"modify_type", "modify_nullable", "add_index", "missing expression index"} <= kinds
     engine.dispose()
 
 
@@ -81,7 +124,7 @@ def test_status_start_up_imports_no_orm_alembic_rich_torch_matplotlib_or_rq(tmp_
 def test_the_limits_fit_the_ledger_columns() -> None:
     """limits.py states the lengths of the columns that hold checked input, and schema.py declares
     those columns with them; the names a run key is made of fit it, and names fit their columns."""
-    from ggpo_batch import limits
+    from ggpo_batch.common import limits
     from ggpo_batch.ledger.schema import Attempt, ComponentRun, Decision, Event, Experiment, Run
 
     def length(attr) -> int:  # type: ignore[no-untyped-def]

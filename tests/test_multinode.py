@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch.accounting import allocated_gpus, gpu_hours
 from ggpo_batch.cli import cli
+from ggpo_batch.contracts.accounting import allocated_gpus, gpu_hours
+from ggpo_batch.contracts.runspec import RunSpec
 from ggpo_batch.errors import SpecError
 from ggpo_batch.executor.profile import load_profile, profile_from_mapping
-from ggpo_batch.runspec import RunSpec
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import JOBS, PROFILES
 
 TWO_NODE = JOBS / "two-node-cpu.toml"
@@ -124,7 +124,7 @@ def test_status_shows_nodes_x_gpus(ledger, settings):  # type: ignore[no-untyped
     from rich.console import Console
 
     from ggpo_batch.cli.tables import print_status
-    from ggpo_batch.enqueue import enqueue_spec
+    from ggpo_batch.control.enqueue import enqueue_spec
     from ggpo_batch.reporting.status import iter_experiment_status
 
     enqueue_spec(ledger, settings, load_spec(TWO_NODE), actor="tester")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from ggpo_batch.netutil import _ephemeral_low, free_port
+from ggpo_batch.common.netutil import _ephemeral_low, free_port
 
 
 def test_ports_come_from_below_the_ephemeral_range_and_can_be_listened_on() -> None:

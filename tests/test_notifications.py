@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from ggpo_batch.cli import cli
-from ggpo_batch.config import load_settings
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.contracts import notices as kinds
+from ggpo_batch.control.reconcile import reconcile_now
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.ledger.schema import utcnow
-from ggpo_batch.notify import kinds
 from ggpo_batch.notify.delivery import backoff
 from ggpo_batch.notify.observe import NIGHT_GRACE, nightly, observe
-from ggpo_batch.reconcile import reconcile_now
 from tests.support.paths import SEED_003
 from tests.support.receivers import (
     BlackHole,

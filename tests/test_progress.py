@@ -1,4 +1,4 @@
-"""Progress of long CLI work (ggpo_batch/progress.py): plain lines off a terminal, a rich bar on
+"""Progress of long CLI work (ggpo_batch/control/progress.py): plain lines off a terminal, a rich bar on
 one, silence when no command asked for it, and a real inline enqueue showing each run."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import progress
-from ggpo_batch.heartbeat import Heartbeat, write_heartbeat
+from ggpo_batch.contracts.heartbeat import Heartbeat, write_heartbeat
+from ggpo_batch.control import progress
 from tests.support.paths import REPO
 
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.allocation import attempt_folder, details_path
-from ggpo_batch.run_provenance import read_provenance, split_distributions
+from ggpo_batch.contracts.allocation import attempt_folder, details_path
+from ggpo_batch.contracts.provenance import read_provenance, split_distributions
 from tests.dashboard.server import cli_env, ggpo
 from tests.support.provenance import commit, fake_nvidia_smi, head, package_checkout
 from tests.support.workers import run_burst_worker
@@ -57,7 +57,7 @@ def test_runs_from_two_commits_on_two_accelerators_in_two_images_are_flagged(tmp
                                                                                       "sha256:" + "b" * 64]
     for seed in (1, 2):
         if seed == 2:  # the second seed runs a changed package, committed
-            module = checkout / "ggpo_batch" / "outcome.py"
+            module = checkout / "ggpo_batch" / "contracts" / "outcome.py"
             module.write_text(module.read_text() + "\n# changed between the two runs\n")
             commits.append(commit(checkout, "a change between the runs"))
         smi = fake_nvidia_smi(tmp_path / f"bin{seed}", accelerators[seed - 1], count=1,

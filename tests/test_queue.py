@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.interventions import cancel_runs, retry_run
+from ggpo_batch.control.queue import RunQueue
+from ggpo_batch.control.reconcile import reconcile
 from ggpo_batch.errors import LedgerError, SpecError
-from ggpo_batch.interventions import cancel_runs, retry_run
-from ggpo_batch.queue import RunQueue
-from ggpo_batch.reconcile import reconcile
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 
 pytestmark = pytest.mark.redis
 
@@ -80,7 +80,7 @@ def test_subset_then_rest_and_dry_run(ledger, settings, tmp_path: Path) -> None:
 
 
 def test_quota_defers_without_an_attempt(ledger, settings, worker_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from ggpo_batch.worker import submit_run
+    from ggpo_batch.control.worker import submit_run
 
     settings = dataclasses.replace(settings, queue_gpu_quota=4)
     spec = _spec(tmp_path)
@@ -169,7 +169,7 @@ def test_runs_reach_redis_only_after_the_ledger_committed_them(ledger, settings,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A failed ledger write sends nothing to Redis; a good one sends every run, a chunk
     (one pipeline) at a time, in the spec's order."""
-    import ggpo_batch.queue as queue_module
+    import ggpo_batch.control.queue as queue_module
 
     spec = _spec(tmp_path)
     q = RunQueue.from_url(settings.redis_url, "testq")
@@ -215,7 +215,7 @@ def test_chunk_writes_the_jobs_rq_itself_writes(redis_url: str, monkeypatch: pyt
     """The enqueue's chunk writer (RQ writes a chunk's first job; the others are copies of its
     hash) leaves Redis exactly as RQ's own enqueue_many of the same runs does: every key, hash
     field, queue entry in order, and TTL."""
-    import ggpo_batch.queue as queue_module
+    import ggpo_batch.control.queue as queue_module
 
     monkeypatch.setattr(queue_module, "CHUNK", 3)  # 8 runs: chunks of 3, 3 and 2
     keys = [f"e-v1-{seed}-arm{arm}" for seed in range(4) for arm in range(2)]
@@ -247,7 +247,7 @@ def test_priorities_are_in_the_ledger_and_workers_take_the_highest_first(ledger,
     import redis
     from rq import Queue
 
-    from ggpo_batch.worker import rq_queues
+    from ggpo_batch.control.worker import rq_queues
 
     low, normal = _named(tmp_path, "lo", "low"), _named(tmp_path, "mid")
     assert low.priority == "low" and low.spec_hash == _named(tmp_path, "lo", "high").spec_hash
@@ -281,9 +281,10 @@ def test_priorities_are_in_the_ledger_and_workers_take_the_highest_first(ledger,
 def test_one_persons_gpu_quota_defers_their_runs_only(ledger, settings, worker_env, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """GGPO_USER_GPU_QUOTA=4 with 4-GPU runs: with one of alice's runs in flight her next is deferred
     (no attempt; due again on her run's priority queue), while bob's is taken; once hers ended, hers is."""
+    from ggpo_batch.control.worker import submit_run
     from ggpo_batch.ledger import QuotaExceeded
-    from ggpo_batch.ledger.attempts import AttemptPlan, UserQuota
-    from ggpo_batch.worker import submit_run
+    from ggpo_batch.ledger.quotas import UserQuota
+    from ggpo_batch.ledger.submissions import AttemptPlan
 
     settings = dataclasses.replace(settings, user_gpu_quota=4)
     enqueue_spec(ledger, settings, _named(tmp_path, "alices", "high"), actor="alice")

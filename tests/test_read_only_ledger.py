@@ -28,8 +28,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from ggpo_batch.allocation import attempt_folder
-from ggpo_batch.joblogs import log_path
+from ggpo_batch.contracts.allocation import attempt_folder
+from ggpo_batch.reporting.joblogs import log_path
 from tests.dashboard.server import Dashboard, cli_env, get, ggpo
 from tests.support.paths import REPO, SEED_000
 from tests.support.services import wipe_pg
@@ -49,16 +49,17 @@ READERS = [
     ["db", "current", "--json"],
     ["enqueue", "{spec}", "--dry-run"], ["enqueue", "{spec}", "--dry-run", "--json"],
     ["costs", "--by", "experiment"], ["costs", "--by", "month", "--json"],
+    ["plan", "{spec}", "--sigma", "0.1", "--effect", "0.05"], ["advise", "done-exp", "--metric", "steps", "--json"],
 ]
 ROUTES = ["/api/status", "/api/status?runs=1", "/api/components", "/api/experiments/done-exp", "/api/costs",
-          f"/api/runs/{LIVE_KEY}", "/", "/experiments/done-exp", f"/runs/{LIVE_KEY}", "/costs?by=user"]
+          f"/api/runs/{LIVE_KEY}", "/", "/experiments/done-exp", f"/runs/{LIVE_KEY}", "/costs?by=user", "/metrics"]
 API_ROUTES = [r for r in ROUTES if r.startswith("/api/")]
 # Every command that writes (a worker needs a Redis URL, not memory://: nothing listens on port 1,
 # so one that got past the refusal would fail otherwise, exit 4).
 WRITERS = [
     ["enqueue", "{spec}"], ["worker", "--burst"], ["cancel", LIVE_KEY], ["retry", LIVE_KEY, "--reason", "again"],
     ["decide", "other", "--not-reproduced", "--reason", "costly", "--cost-basis", "a paper"],
-    ["reconcile"], ["db", "upgrade"], ["db", "downgrade", "base", "--yes"],
+    ["reconcile"], ["release", "live"], ["db", "upgrade"], ["db", "downgrade", "base", "--yes"],
     ["ledger", "import", str(SEED_000), "--name", "again"], ["nightly", "--seeds", "42"],
     ["gc", "--older-than", "0d"], ["evaluate", "done-exp", "--data", "eval2.jsonl", "--name", "eval2"],
 ]
@@ -67,8 +68,8 @@ WRITERS = [
 def build_ledger(url: str, jobs_dir: Path) -> None:
     """The content every case reads: an imported experiment (15 runs), a live one (a run submitted
     with its logs, one queued), and a decision about an experiment never queued."""
-    from ggpo_batch.costguard import decide_not_reproduced
-    from ggpo_batch.importer import import_results
+    from ggpo_batch.control.costguard import decide_not_reproduced
+    from ggpo_batch.control.importer import import_results
     from ggpo_batch.ledger import NewRun, connect, upgrade
     from ggpo_batch.ledger.db import make_engine
 

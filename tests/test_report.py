@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch import costguard
 from ggpo_batch.cli import cli
+from ggpo_batch.control import costguard
+from ggpo_batch.control.importer import import_results
 from ggpo_batch.errors import LedgerError
-from ggpo_batch.importer import import_results
 from ggpo_batch.ledger import NewRun
 from ggpo_batch.reporting.plots import write_plots
 from ggpo_batch.reporting.report import experiment_report

@@ -16,11 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
+from ggpo_batch.contracts.outcome import outcome_from_evaluation
 from ggpo_batch.ledger import NewRun
-from ggpo_batch.outcome import outcome_from_evaluation
 from ggpo_batch.reporting.plots import write_plots
 from ggpo_batch.reporting.report import experiment_report
-from ggpo_batch.train.evaluation import summarize
+from ggpo_batch.train.run.evaluation import summarize
 
 T2 = 4.302652729749464  # t_{0.975, 2} = 0.95 / sqrt(0.04875)
 SEEDS = (1, 2, 3)
@@ -294,9 +294,9 @@ def test_a_real_cpu_run_books_its_evaluation_and_the_report_reads_it(ledger, set
     import subprocess
     import sys
 
-    from ggpo_batch.allocation import attempt_folder, details_path
-    from ggpo_batch.enqueue import enqueue_spec
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.contracts.allocation import attempt_folder, details_path
+    from ggpo_batch.control.enqueue import enqueue_spec
+    from ggpo_batch.spec.parse import load_spec
 
     if not db_url.startswith("sqlite"):
         pytest.skip("the path is backend-neutral; the outcome column is tested on both backends above")

@@ -16,15 +16,9 @@ from typing import Any
 
 import pytest
 
-from ggpo_batch.hardware import cpu_model, probe_hardware, smi_accelerators
+from ggpo_batch.contracts.hardware import cpu_model, probe_hardware, smi_accelerators
+from ggpo_batch.contracts.provenance import clean, code_label, read_provenance, split_distributions, write_provenance
 from ggpo_batch.reporting.provenance_checks import provenance_notes, provenance_warnings
-from ggpo_batch.run_provenance import (
-    clean,
-    code_label,
-    read_provenance,
-    split_distributions,
-    write_provenance,
-)
 from tests.support.paths import REPO
 from tests.support.provenance import fake_nvidia_smi, head, package_checkout
 
@@ -64,7 +58,7 @@ def test_the_probe_reads_accelerators_from_nvidia_smi_and_the_cpu_from_cpuinfo(t
 def _code_of(checkout: Path) -> dict[str, Any]:
     """code_provenance() as a process running the package from `checkout` computes it."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    code = "import json; from ggpo_batch.run_provenance import code_provenance as c; print(json.dumps(c()))"
+    code = "import json; from ggpo_batch.contracts.provenance import code_provenance as c; print(json.dumps(c()))"
     out = subprocess.run([sys.executable, "-c", code], cwd=checkout,
                          env={**env, "PYTHONPATH": str(checkout)}, capture_output=True, text=True, check=True,
                          timeout=120)
@@ -77,7 +71,7 @@ def test_the_code_of_a_checkout_is_its_commit_and_the_hash_of_its_uncommitted_ch
     clean_code = _code_of(checkout)
     assert clean_code["source"] == "checkout" and clean_code["commit"] == at
     assert clean_code["uncommitted_sha256"] is None  # __pycache__ written by the run itself does not count
-    module = checkout / "ggpo_batch" / "outcome.py"
+    module = checkout / "ggpo_batch" / "contracts" / "outcome.py"
     module.write_text(module.read_text() + "\n# a change not committed\n")
     changed = _code_of(checkout)
     assert changed["commit"] == at and changed["uncommitted_sha256"] is not None
@@ -161,7 +155,7 @@ def test_the_warnings_name_what_differs_and_stay_silent_when_only_nodes_and_time
 def test_a_fifo_in_place_of_the_provenance_file_does_not_block_settlement(tmp_path: Path) -> None:
     """open() of a FIFO blocks until a writer comes: the reader must not wait for one."""
     os.mkfifo(tmp_path / "provenance.json")
-    code = ("import sys; from pathlib import Path; from ggpo_batch.run_provenance import read_provenance; "
+    code = ("import sys; from pathlib import Path; from ggpo_batch.contracts.provenance import read_provenance; "
             "print(read_provenance(Path(sys.argv[1])))")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
                          cwd=REPO, check=False)
@@ -172,3 +166,20 @@ def test_a_fifo_in_place_of_the_provenance_file_does_not_block_settlement(tmp_pa
 def _no_git_config_from_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(tmp_path / "gitconfig"))
     shutil.which("git") or pytest.skip("git is not installed")
+
+
+def test_arms_or_seeds_that_ran_different_reward_code_are_warned() -> None:
+    """[train.task] reward files: their sha256 is in the code section (contracts/provenance.reward_code)."""
+    from ggpo_batch.contracts.provenance import reward_code
+
+    mine, edited = reward_code({"/j/rewards/f.py": "a" * 64}), reward_code({"/j/rewards/f.py": "b" * 64})
+    assert mine["reward_files"] == ["a" * 64 + "  /j/rewards/f.py"] and reward_code({})["reward_sha256"] is None
+    same = _rows({("clean", 1): _doc(code__reward_sha256=mine["reward_sha256"]),
+                  ("kl0", 1): _doc(code__reward_sha256=mine["reward_sha256"])})
+    assert provenance_warnings(same) == []
+    differ = _rows({("clean", 1): _doc(code__reward_sha256=mine["reward_sha256"]),
+                    ("clean", 2): _doc(code__reward_sha256=mine["reward_sha256"]),
+                    ("kl0", 1): _doc(code__reward_sha256=edited["reward_sha256"])})
+    [w] = provenance_warnings(differ)
+    assert w["kind"] == "code_differs" and w["arms"] == ["kl0"] and "reward files: " in w["message"], w
+    assert clean({"code": {**_doc()["code"], **mine}})["code"]["reward_files"] == mine["reward_files"]

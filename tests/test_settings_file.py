@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch import config
 from ggpo_batch.cli import cli
-from ggpo_batch.config import Settings, load_settings, setting_names
-from ggpo_batch.settings_file import layered_environment
-from ggpo_batch.settings_view import effective_settings
+from ggpo_batch.config import settings as config
+from ggpo_batch.config.files import layered_environment
+from ggpo_batch.config.settings import Settings, load_settings, setting_names
+from ggpo_batch.config.settings_view import effective_settings
 
 
 @pytest.fixture
@@ -196,3 +196,22 @@ def test_effective_settings_of_a_given_environment(tmp_path: Path, monkeypatch: 
     assert rows["GGPO_DB_URL"]["value"] == f"sqlite:///{tmp_path / 'ledger.sqlite3'}"
     assert rows["GGPO_DB_URL"]["source"] == "default"
     assert [f["role"] for f in doc["files"]] == ["site", "user"] and not doc["files"][1]["found"]
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o646, 0o664, 0o620])
+def test_a_settings_file_others_may_write_is_refused_naming_file_and_fix(clean_env: dict[str, str], tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         mode: int) -> None:
+    """It decides where the ledger, the queue and the notifications go: group- or world-writable is refused
+    (exit 2, one line naming the file and `chmod go-w`), read from GGPO_CONFIG and from the user's folder."""
+    named = _write(tmp_path / "team.toml", 'queue = "team-q"\n', mode)
+    monkeypatch.setenv("GGPO_CONFIG", str(named))
+    code, out, err = _cli("config")
+    assert code == 2 and out == "" and len(err.splitlines()) == 1, (code, out, err)
+    assert err == f"error: {named}: writable by others than its owner (mode {mode:04o}); a settings file decides " \
+                  f"where the ledger, the queue and the notifications go: chmod go-w {named}\n", err
+    monkeypatch.delenv("GGPO_CONFIG")
+    user = _write(tmp_path / "xdg" / "ggpo-batch" / "config.toml", 'queue = "user-q"\n', mode)
+    assert _cli("status")[0] == 2 and f"{user}: writable by others" in _cli("status")[2]
+    user.chmod(0o644)  # owner-writable only: read as before
+    assert load_settings().queue == "user-q"

@@ -1,7 +1,8 @@
 """The settle/retry decision, table-driven over every (scheduler end, run state, retries left).
 
-Pure: Run and Attempt are transient ORM objects (no database), the record folder a temp dir.
-The expectations are written out here, not derived from ggpo_batch.states, so a change to the
+Pure: Run and Attempt are transient ORM objects (no database), the record folder a temp dir; the
+last test books a job that stopped itself through `settle` on both ledgers.
+The expectations are written out here, not derived from ggpo_batch.contracts.states, so a change to the
 state machine that alters an outcome fails this table.
 """
 
@@ -14,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.allocation import record_path
+from ggpo_batch.contracts.allocation import record_path
+from ggpo_batch.control.settlement import decide, over_allowance, retries_used
 from ggpo_batch.executor.base import JobInfo
 from ggpo_batch.ledger.schema import Attempt, Run
-from ggpo_batch.settlement import decide, over_allowance, retries_used
 from tests.support.paths import SEED_000
 
 # scheduler end -> (attempt state, run state when no retry, is an infrastructure cause)
@@ -105,3 +106,44 @@ def test_a_record_for_another_run_is_refused(folders: dict[str, Path], tmp_path:
     out = decide(run, att, JobInfo(job_id="7", state="COMPLETED"), tmp_path)
     assert out.attempt_state == "failed" and out.record is None
     assert "result record invalid" in (out.reason or "")
+
+
+def test_a_job_that_stopped_itself_fails_with_its_reason_and_is_never_retried(tmp_path: Path) -> None:
+    """A failed weight-sync probe (train/run/weight_sync.py stop_if_failed) writes stopped.json: the run
+    fails with that reason, a training failure, even with retries left."""
+    from ggpo_batch.contracts.allocation import stopped_path
+
+    run, att = _run("running", 2, 0, 1, "clean")
+    stopped_path(tmp_path).write_text(json.dumps({"reason": "weight-sync probe: rank 1: the baseline failed",
+                                                  "step": 0}))
+    out = decide(run, att, JobInfo(job_id="7", state="FAILED", exit_code="1:0"), tmp_path)
+    assert (out.attempt_state, out.run_state, out.retry, out.continues) == ("failed", "failed", False, False)
+    assert out.reason == "FAILED (exit 1:0): weight-sync probe: rank 1: the baseline failed"
+    stopped_path(tmp_path).write_text("not json")
+    assert decide(run, att, JobInfo(job_id="7", state="FAILED", exit_code="1:0"), tmp_path).reason == "FAILED (exit 1:0)"
+
+
+@pytest.mark.redis
+def test_a_stopped_run_is_booked_failed_with_its_reason_and_gpu_hours(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """On both ledgers: the attempt of a job that stopped on its weight-sync probe ends failed, the run
+    failed with the probe's reason as its cause (retries = 2 left unused: a training failure), the
+    allocation's GPU-hours booked from the scheduler's seconds."""
+    from ggpo_batch.contracts.allocation import stopped_path
+    from ggpo_batch.control.settlement import settle
+    from ggpo_batch.ledger import NewRun
+
+    ledger.create_experiment(name="s", version=1, method="ggpo", source="spec", spec_hash="x", spec={}, gpus=4,
+                             actor="t", runs=[NewRun(run_key="s-v1-1-x", arm="clean", seed=1, config_hash="h",
+                                                     run_spec={}, retries_allowed=2)])
+    att = ledger.begin_attempt("s-v1-1-x", executor="slurm", gpus=4, actor="t", worker="w")
+    ledger.mark_submitted("s-v1-1-x", att.number, job_id="5", actor="t")
+    stopped_path(tmp_path).write_text(json.dumps({"reason": "weight-sync probe: rank 2: the baseline failed: ...",
+                                                  "step": 0}))
+    run = ledger.get_run("s-v1-1-x")
+    out = settle(ledger, run, run.attempts[0], JobInfo("5", "FAILED", elapsed_seconds=90.0, alloc_gpus=4,
+                                                       exit_code="1:0"), tmp_path, actor="t", settings=settings)
+    assert not out.requeued
+    run = ledger.get_run("s-v1-1-x")
+    assert run.state == "failed" and run.cause == "FAILED (exit 1:0): weight-sync probe: rank 2: the baseline failed: ..."
+    [booked] = run.attempts
+    assert booked.state == "failed" and booked.gpu_hours_job == pytest.approx(4 * 90.0 / 3600)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from ggpo_batch.errors import SpecError
-from ggpo_batch.spec import load_spec, spec_diff
+from ggpo_batch.spec.parse import load_spec, spec_diff
 from tests.support.paths import REPO
 
 GOOD = """

@@ -1,4 +1,4 @@
-"""The spec's field table (ggpo_batch/spec_fields.py) against the code that parses a spec: every
+"""The spec's field table (ggpo_batch/contracts/spec_fields.py) against the code that parses a spec: every
 dataclass of the parser has exactly the table's keys with the table's defaults, and the parser
 accepts each bound and choice the table states and refuses what lies beyond, a value of the wrong
 type and a missing required key, naming the field. Each check is shown failing on a planted defect.
@@ -14,20 +14,23 @@ from typing import Any
 
 import pytest
 
-from ggpo_batch import spec, spec_fields
+from ggpo_batch.contracts import spec_fields
+from ggpo_batch.contracts.evaluation_spec import EvaluationRequest
+from ggpo_batch.contracts.runspec import ArmSpec
+from ggpo_batch.contracts.spec_fields import REQUIRED, Field
 from ggpo_batch.errors import SpecError
-from ggpo_batch.evaluation_spec import EvaluationRequest
 from ggpo_batch.executor import EXECUTOR_NAMES
-from ggpo_batch.runspec import ArmSpec
-from ggpo_batch.spec import ExperimentSpec, Overheads, parse_spec
-from ggpo_batch.spec_fields import REQUIRED, Field
+from ggpo_batch.spec import parse as spec
+from ggpo_batch.spec.parse import ExperimentSpec, Overheads, PowerSpec, parse_spec
 from ggpo_batch.train.config import DataConfig, ModelConfig, TrainConfig
 
 # The parser's dataclass of each table of the spec, and the fields of it that are not spec keys.
 CLASSES: dict[str, tuple[type, frozenset[str]]] = {
-    "experiment": (ExperimentSpec, frozenset({"path", "arms", "overheads", "train", "defaults", "evaluations"})),
+    "experiment": (ExperimentSpec, frozenset({"path", "arms", "overheads", "train", "defaults", "evaluations",
+                                              "arm_train", "sweep", "power"})),
+    "power": (PowerSpec, frozenset()),
     "overheads": (Overheads, frozenset()),
-    "arms.<arm>": (ArmSpec, frozenset({"name"})),
+    "arms.<arm>": (ArmSpec, frozenset({"name", "train"})),  # its train overrides: ExperimentSpec.arm_train
     "train": (TrainConfig, frozenset()),
     "train.model": (ModelConfig, frozenset()),
     "train.data": (DataConfig, frozenset()),
@@ -61,7 +64,8 @@ def table_problems(classes: dict[str, tuple[type, frozenset[str]]], rows: tuple[
 def test_the_parsers_dataclasses_hold_the_tables_keys_and_defaults() -> None:
     assert table_problems(CLASSES, spec_fields.FIELDS) == []
     assert spec_fields.field("experiment.executor").choices == EXECUTOR_NAMES  # the executor registry's names
-    assert spec_fields.keys("") == {"schema", "experiment", "overheads", "arms", "train", "evaluations"}
+    assert spec_fields.keys("") == {"schema", "experiment", "overheads", "arms", "train", "evaluations", "sweep",
+                                    "power"}
 
 
 def test_a_key_added_to_a_parser_without_its_row_or_a_default_changed_is_found() -> None:
@@ -93,9 +97,10 @@ BASE: dict[str, Any] = {
 PLACES: dict[str, tuple[tuple[str | int, ...], dict[str, Any], str]] = {
     "": ((), {}, ""), "experiment": (("experiment",), {}, "experiment."), "overheads": (("overheads",), {}, "overheads."),
     "arms.<arm>": (("arms", "paired"), {}, "arms.paired."), "evaluations[]": (("evaluations", 0), {}, "evaluations[0]."),
-    "train": (("train",), {}, "train."),
+    "train": (("train",), {}, "train."), "power": (("power",), {}, "power."),
     "train.model": (("train", "model"), {"path": "m", "max_model_len": 512}, "train.model."),
     "train.data": (("train", "data"), {"train": "t", "eval": "e", "passages": "p"}, "train.data."),
+    "train.task": (("train", "task"), {}, "train.task."),
 }
 
 
@@ -111,6 +116,10 @@ def _context(f: Field, value: Any) -> dict[str, Any]:
         return {"n_head": 1}
     if f.key == "train.eval_samples":
         return {"eval_temperature": 1.0}
+    if (f.key, value) == ("power.design", "sequential"):
+        return {"waves": [2]}
+    if f.key == "power.waves":
+        return {"design": "sequential"}
     if (f.key, value) in (("arms.<arm>.exposure", "none"), ("arms.<arm>.exposed_items", 0)):
         return {"exposure": "none", "exposed_items": 0, "templates": []}
     return {}
@@ -124,10 +133,15 @@ def _spec(f: Field, value: Any, *, drop: bool = False) -> dict[str, Any]:
     for part in path:
         table = table.setdefault(part, copy.deepcopy(first)) if isinstance(part, str) else table[part]
     table.update(_context(f, value))
+    if f.section == "power":  # a wave of seeds needs the seeds
+        data["experiment"]["seeds"] = list(range(1, 3 if f.key != "power.waves" else 40))
     if drop:
         table.pop(f.name, None)
     else:
         table[f.name] = value
+    if (f.key, value) == ("train.task.kind", "single_turn"):  # its rules: data without passages, no exposure arm
+        data["arms"] = {"clean": {}}
+        data["train"]["data"] = {"train": "t", "eval": "e"}
     return data
 
 
@@ -168,12 +182,16 @@ def _inside_and_beyond(f: Field) -> list[tuple[Any, bool]]:
 
 
 SKIP_AT_BOUND = {"train.n_positions"}  # its floor is a rule between keys (the prompt must fit), above 1
+# A row whose name stands for any key of its table ("train.lr" in [sweep]): tests/test_arms.py checks it.
+PATTERN_ROWS = {"sweep.<field>"}
 
 
 def bound_problems(f: Field, tmp: Path) -> list[str]:
     """Where the parser disagrees with the row: a stated bound or choice refused, a value beyond it
     accepted, a wrong type or a missing required key not refused naming the field."""
-    problems = []
+    problems: list[str] = []
+    if f.key in PATTERN_ROWS:
+        return problems
     for value, accepted in _inside_and_beyond(f):
         if accepted and f.key in SKIP_AT_BOUND:
             continue
@@ -202,6 +220,14 @@ def _entries(f: Field, n: int) -> Any:
         return list(range(n))
     if f.key == "arms":
         return {f"a{i}": {} for i in range(n)}
+    if f.key == "train.task.reward":
+        return [f"r{i}.py:score" for i in range(n)]
+    if f.key == "sweep":  # n fields, one value each
+        return {f"train.{k}": [v] for k, v in list({"lr": 0.1, "kl_coef": 0.1, "grad_clip": 0.5, "aux_coef": 0.5,
+                                                     "temperature": 0.5, "max_steps": 3, "checkpoint_every": 3,
+                                                     "clip_epsilon": 0.1, "advantage_eps": 0.1}.items())[:n]}
+    if f.key == "power.waves":
+        return list(range(2, n + 2))
     return [{"name": f"e{i}", "data": "e.jsonl"} for i in range(n)]
 
 

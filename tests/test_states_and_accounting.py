@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ggpo_batch import states
-from ggpo_batch.accounting import attempt_gpu_hours, disagreement, disagrees, gpu_hours, total
+from ggpo_batch.contracts import states
+from ggpo_batch.contracts.accounting import attempt_gpu_hours, disagreement, disagrees, gpu_hours, total
 from ggpo_batch.executor.base import JobAccount, JobInfo
 
 

@@ -9,12 +9,12 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
+from ggpo_batch.common.schemas import SCHEMAS
+from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger import db as ledger_db
 from ggpo_batch.ledger.db import make_engine
-from ggpo_batch.queue import RunQueue
 from ggpo_batch.reporting.status import experiment_status
-from ggpo_batch.schemas import SCHEMAS
 
 RUNS = 60
 

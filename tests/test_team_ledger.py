@@ -22,7 +22,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, text
 
 from ggpo_batch.cli import cli
-from ggpo_batch.netutil import free_port
+from ggpo_batch.common.netutil import free_port
 from tests.faults.pgcluster import PrivateCluster
 from tests.support.paths import SEED_000
 from tests.support.specs import DEBUG_SPEC
@@ -173,8 +173,8 @@ def test_a_member_may_not_cancel_retry_or_decide_on_a_colleagues_experiment(ledg
     """bob (alice's team-mate) and erin (another team) are refused cancel, retry and decide on alice's
     experiment, exit 6, one line naming whose it is: the ledger and Redis are left as they were.
     carol, the team's lead, may; alice may on her own."""
+    from ggpo_batch.control.queue import RunQueue
     from ggpo_batch.ledger import connect
-    from ggpo_batch.queue import RunQueue
 
     team = ledger_of.team
     assert ledger_of.enqueue("alice", "mine").exit_code == 0
@@ -239,6 +239,28 @@ def test_a_members_direct_sql_cannot_do_what_the_cli_refuses(ledger_of) -> None:
              "WHERE name = 'hers'"), None),
             (("INSERT INTO attempts (run_id, number, executor, state, submitted_by, gpus, created_at) "
              "VALUES (%s, 1, 'debug', 'succeeded', 'bob', 4, now())"), [his_id]),
+            # the tables rounds 3 and 4 added: provenance and curve points are the service's to book;
+            # an evaluation a member queues is one of their own runs', queued, with no outcome
+            ("INSERT INTO attempt_provenance (attempt_id, run_id, document) SELECT a.id, a.run_id, '{}' FROM attempts a",
+             None),
+            ("INSERT INTO curve_points (run_id, step, attempt_id, mean_reward) VALUES (%s, 0, 1, 1.0)", [his_id]),
+            # a sequential design's looks are reconcile's (the service's) to record (migration 0012)
+            (("INSERT INTO sequential_looks (experiment_id, arm, look, looks, seeds, seeds_paired, metric, alpha, "
+              "spending, waves, per_seed, decision, decided_by, decided_at) VALUES (%s, 'clean', 1, 2, 2, 2, 'steps', "
+              "0.05, 'obrien-fleming', '[2, 3]', '{}', 'crossed', 'bob', now())"), [his_exp]),
+            (("INSERT INTO notification_deliveries (notification_id, sink, state, tries) SELECT id, 'w', "
+              "'delivered', 1 FROM notifications"), None),
+            (("INSERT INTO evaluations (run_id, key, name, state, source, spec, gpus, created_by, created_at, "
+              "updated_at) VALUES (%s, 'hers-eval_x', 'x', 'queued', 'command', '{}', 1, 'bob', now(), now())"),
+             [her_id]),
+            (("INSERT INTO evaluations (run_id, key, name, state, source, spec, gpus, outcome, created_by, "
+              "created_at, updated_at) VALUES (%s, 'his-eval_x', 'x', 'succeeded', 'command', '{}', 1, "
+              "'{\"eval_reward\": 1}', 'bob', now(), now())"), [his_id]),
+            ("UPDATE evaluations SET outcome = '{}'", None),
+            (("INSERT INTO artifacts (path, sha256, size_bytes, kind, run_id, created_at) VALUES ('/x', 'h', 1, "
+              "'run_record', %s, now())"), [her_id]),
+            (("INSERT INTO component_runs (method, tier, night, state, actor, started_at) VALUES ('ggpo', "
+              "'l1_mechanism', '2026-12-01', 'claimed', 'alice', now())"), None),
             ("UPDATE events SET actor = 'alice' WHERE actor = 'bob'", None),
             ("DELETE FROM events", None),
             ("DELETE FROM runs WHERE run_key = %s", [his]),
@@ -246,6 +268,19 @@ def test_a_members_direct_sql_cannot_do_what_the_cli_refuses(ledger_of) -> None:
         for sql, params in forbidden:
             with pytest.raises(errors.InsufficientPrivilege):
                 bob.execute(sql, params)
+        # The outbox: a notice about alice's experiment, one naming someone else as its actor, one of a
+        # kind only reconcile observes (issue 42: notifications had no row-level security).
+        her_exp = bob.execute("SELECT experiment_id FROM runs WHERE run_key = %s", [hers]).fetchone()[0]
+        notice = ("INSERT INTO notifications (dedupe_key, key, kind, subject, fields, experiment_id, created_at, "
+                  "next_try_at) VALUES (%s, %s, %s, 'forged', %s, %s, now(), now())")
+        for kind, fields, exp in (("run_failed", '{"actor": "bob"}', her_exp),
+                                  ("cost_decision", '{"decided_by": "alice"}', his_exp),
+                                  ("nightly_missed", '{"actor": "bob"}', None),
+                                  ("experiment_finished", '{"actor": "bob"}', his_exp)):
+            with pytest.raises(errors.InsufficientPrivilege):
+                bob.execute(notice, [f"forged.{kind}", f"forged.{kind}.1", kind, fields, exp])
+        with pytest.raises(errors.InsufficientPrivilege):
+            bob.execute("UPDATE notifications SET subject = 'x'")
         with pytest.raises(errors.FeatureNotSupported, match="row-level security"):  # no bulk way around it
             bob.execute("COPY runs (experiment_id, run_key, arm, seed, state, config_hash, run_spec) FROM STDIN")
     with psycopg.connect(team.url("worker").replace("+psycopg", ""), autocommit=True) as worker:
@@ -255,12 +290,23 @@ def test_a_members_direct_sql_cannot_do_what_the_cli_refuses(ledger_of) -> None:
     assert contents(team) == before
 
 
+def test_a_member_with_an_inline_queue_is_refused_before_anything(ledger_of) -> None:  # type: ignore[no-untyped-def]
+    """memory:// would run a member's jobs in their own process, as them: exit 6, one line, nothing
+    written (was: exit 0 with an experiment, 2 runs and 3 events)."""
+    before = contents(ledger_of.team)
+    res = ledger_of.enqueue("bob", "inline", GGPO_REDIS_URL="memory://")
+    refused(res, "GGPO_REDIS_URL=memory://", "'bob'")
+    assert contents(ledger_of.team) == before
+    assert ledger_of.enqueue("worker", "inline-ok", GGPO_REDIS_URL="memory://").exit_code == 0  # the service may
+
+
 def test_per_role_gpu_quotas_defer_one_persons_runs_not_everyones(ledger_of) -> None:  # type: ignore[no-untyped-def]
     """GGPO_ROLE_GPU_QUOTA=ggpo_member=4,ggpo_lead=8 and 4-GPU runs: alice (a member) may have one run
     in flight, her second is over her quota (deferred by the worker, not failed); carol (a lead, also a
     member: the larger applies) may have two; a role named in no limit gets GGPO_USER_GPU_QUOTA."""
     from ggpo_batch.ledger import QuotaExceeded, connect
-    from ggpo_batch.ledger.attempts import AttemptPlan, UserQuota
+    from ggpo_batch.ledger.quotas import UserQuota
+    from ggpo_batch.ledger.submissions import AttemptPlan
 
     team = ledger_of.team
     for who in ("alice", "carol", "worker"):

@@ -1,4 +1,4 @@
-"""MLflow tracking (ggpo_batch/tracking.py) against a real local SQLite store, read back with
+"""MLflow tracking (ggpo_batch/train/run/tracking.py) against a real local SQLite store, read back with
 MlflowClient: one run per attempt, named and tagged, step metrics, the record as an artifact, and a
 requeued attempt continuing its own run. A real training job with tracking on: tests/test_live_job.py."""
 
@@ -15,8 +15,8 @@ pytest.importorskip("mlflow")
 
 from mlflow.tracking import MlflowClient
 
-from ggpo_batch.runspec import RunSpec
-from ggpo_batch.tracking import Tracking, attempt_number, mlflow_run_name, run_id_path
+from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.train.run.tracking import Tracking, attempt_number, mlflow_run_name, run_id_path
 from tests.support.arms import ARMS
 from tests.support.paths import REPO
 
@@ -132,7 +132,7 @@ def test_names() -> None:
 
 
 def test_the_package_works_without_importing_mlflow() -> None:
-    probe = ("import sys; import ggpo_batch.cli, ggpo_batch.tracking, ggpo_batch.train.job, ggpo_batch.reconcile; "
+    probe = ("import sys; import ggpo_batch.cli, ggpo_batch.train.run.tracking, ggpo_batch.train.run.job, ggpo_batch.control.reconcile; "
              "print('mlflow' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, check=True, capture_output=True, text=True)
     assert out.stdout.strip() == "False"

@@ -1,4 +1,4 @@
-"""Tracking never holds training (ggpo_batch/tracking.py): with GGPO_MLFLOW_URI at a closed port, at
+"""Tracking never holds training (ggpo_batch/train/run/tracking.py): with GGPO_MLFLOW_URI at a closed port, at
 a server that accepts and never answers, or at a PostgreSQL server that refuses the store, the
 attempt's tracking goes off within a bound -- one warning, the reason beside the record, the URI's
 password in no log or file -- and a one-run `train` ends within its usual time plus a minute (the old
@@ -18,10 +18,10 @@ import pytest
 
 pytest.importorskip("mlflow")
 
-from ggpo_batch import tracking
-from ggpo_batch.netutil import free_port
-from ggpo_batch.runspec import RunSpec
-from ggpo_batch.tracking import Tracking, off_path, run_id_path, tracking_state
+from ggpo_batch.common.netutil import free_port
+from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.train.run import tracking
+from ggpo_batch.train.run.tracking import Tracking, off_path, run_id_path, tracking_state
 from tests.faults.test_hostile_inputs import silent_port  # noqa: F401  (a fixture: a port that never answers)
 from tests.support.arms import ARMS
 from tests.support.paths import REPO
@@ -53,7 +53,7 @@ def _spec() -> RunSpec:
 def test_an_unusable_store_turns_tracking_off_within_its_bound(case: str, silent_port: int, tmp_path: Path,  # noqa: F811
                                                               caplog: pytest.LogCaptureFixture,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggpo_batch.config import mlflow_uri
+    from ggpo_batch.config.settings import mlflow_uri
 
     monkeypatch.setattr(tracking, "OPEN_WAIT_SECONDS", 3.0)  # the job's bounds are 20 s and 25 s; the path is the same
     uri = _stores(silent_port)[case]
@@ -70,7 +70,7 @@ def test_an_unusable_store_turns_tracking_off_within_its_bound(case: str, silent
         t.settle(2.0)
         assert t.off and time.monotonic() - t0 < 10.0
         t.finish([])  # off: nothing more waits
-    warnings = [r for r in caplog.records if r.name == "ggpo_batch.tracking" and r.levelno == logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "ggpo_batch.train.run.tracking" and r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "MLflow tracking off for this attempt" in warnings[0].getMessage()
     state = tracking_state(record)
     assert state["state"] == "off" and state["reason"], state

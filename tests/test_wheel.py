@@ -19,8 +19,8 @@ from tests.support.paths import REPO
 from tests.support.wheel import UNMET_REQUIREMENTS, build_wheel, fresh_venv
 
 # What the package reads at run time; each must be in the wheel.
-PACKAGED = ("ggpo_batch/migrations/env.py", "ggpo_batch/migrations/script.py.mako",
-            "ggpo_batch/migrations/versions/0001_initial_ledger_schema.py", "ggpo_batch/data/profiles/default.toml",
+PACKAGED = ("ggpo_batch/ledger/migrations/env.py", "ggpo_batch/ledger/migrations/script.py.mako",
+            "ggpo_batch/ledger/migrations/versions/0001_initial_ledger_schema.py", "ggpo_batch/data/profiles/default.toml",
             "ggpo_batch/data/suites/nightly-cpu.toml", "ggpo_batch/data/examples/demo-cpu.toml",
             "ggpo_batch/data/examples/exposure-5arm.toml", "ggpo_batch/data/starter/experiment.toml",
             "ggpo_batch/dashboard/templates/base.html", "ggpo_batch/dashboard/static/dashboard.js")
@@ -69,7 +69,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_whole_flow(tmp_path: 
         return done.stdout
 
     python = str(venv / "bin" / "python")
-    where = run("import", python, "-c", "import ggpo_batch, ggpo_batch.datafiles as d; "
+    where = run("import", python, "-c", "import ggpo_batch, ggpo_batch.common.datafiles as d; "
                 "print(ggpo_batch.__file__); print(d.MIGRATIONS_DIR)").split()
     assert all(Path(p).is_relative_to(venv) for p in where), where
     assert not any(Path(p).is_relative_to(REPO) for p in where)
@@ -106,7 +106,7 @@ def test_the_wheel_installed_outside_the_checkout_runs_the_whole_flow(tmp_path: 
     provenance = record["provenance"]
     assert provenance["commit"] is None and provenance["uncommitted_source_at_cpu_run"] is None  # not a checkout
     sources = provenance["executed_source_sha256"]
-    assert "ggpo_batch/train/ggpo.py" in sources
+    assert "ggpo_batch/train/policy/ggpo.py" in sources
     assert "ggpo_batch/data/suites/nightly-cpu.toml" in sources  # the packaged suite, keyed like the modules
 
     report = json.loads(run("report", cli, "report", "my-experiment", "--json"))

@@ -68,9 +68,9 @@ def test_a_job_in_the_worker_keeps_the_worker_and_the_job_alive(settings) -> Non
     from rq.serializers import JSONSerializer
     from rq.utils import utcparse
 
-    from ggpo_batch.queue import JOB_TIMEOUT
-    from ggpo_batch.queue import connect as redis_connect
-    from ggpo_batch.worker import GgpoWorker, _Heartbeat
+    from ggpo_batch.control.queue import JOB_TIMEOUT
+    from ggpo_batch.control.queue import connect as redis_connect
+    from ggpo_batch.control.worker import GgpoWorker, _Heartbeat
 
     conn = redis_connect(settings.redis_url)
     queue = Queue("beat", connection=conn, serializer=JSONSerializer)

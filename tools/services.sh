@@ -37,6 +37,13 @@ if ! command -v chromium >/dev/null; then
   as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
 fi
 
+# tests/test_ledger_failures.py runs a PostgreSQL of its own that speaks German: it builds de_DE.UTF-8 into
+# its own folder with localedef (LOCPATH), from the locale sources of Debian's `locales` package.
+if [ ! -e /usr/share/i18n/locales/de_DE ]; then
+  echo "services: installing locale sources (locales)"
+  as_root apt-get update -qq && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq locales >/dev/null
+fi
+
 if [ -x slurm/dev-cluster/up.sh ] && [ "${GGPO_NO_SLURM:-0}" != 1 ]; then
   slurm/dev-cluster/up.sh
 fi

@@ -14,8 +14,10 @@ from typing import Any
 import click
 from click.exceptions import NoSuchCommand
 
-from ..config import Settings, load_settings, redact
+from ..config.secrets import redact
+from ..config.settings import Settings, load_settings
 from ..errors import EXIT_BAD_INPUT, EXIT_UNAVAILABLE, GgpoError
+from .shell import show_version
 
 
 class App:
@@ -39,11 +41,11 @@ class App:
 
     @property
     def actor(self) -> str:
-        """Who this command acts as on the ledger (ggpo_batch/identity.py): the PostgreSQL role or
+        """Who this command acts as on the ledger (ggpo_batch/config/identity.py): the PostgreSQL role or
         the OS user, or whom GGPO_USER names where that identity may act for others; refused
         (exit 6) otherwise, before anything is written."""
         if self._actor is None:
-            from ..identity import resolve
+            from ..config.identity import resolve
 
             self._actor = resolve(self.engine(check=False), self.settings).user
         return self._actor
@@ -113,8 +115,9 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "notifications": ("notify_cmds",),
     "evaluate": ("evaluate_cmds",),
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
-    "reconcile": ("queue_cmds",),
+    "reconcile": ("queue_cmds",), "release": ("queue_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
+    "plan": ("plan_cmds",), "advise": ("plan_cmds",),
     "costs": ("cost_cmds",),
     "train": ("train_cmds",),
     "gc": ("gc_cmds",),
@@ -203,7 +206,7 @@ def _unavailable(exc: Exception) -> tuple[str, int] | None:
         return refused.message, refused.exit_code
     if isinstance(exc, (OperationalError, InterfaceError)):
         return f"the ledger database is unavailable: {_first(exc)}", EXIT_UNAVAILABLE
-    if isinstance(exc, DataError):  # a value the limits (ggpo_batch/limits.py) should have refused
+    if isinstance(exc, DataError):  # a value the limits (ggpo_batch/common/limits.py) should have refused
         return f"the ledger database refused a value, nothing was written: {_first(exc)}", EXIT_BAD_INPUT
     if isinstance(exc, IntegrityError):
         message = (f"a concurrent change to the ledger conflicted with this one, nothing was written; run the "
@@ -228,11 +231,11 @@ def _unavailable(exc: Exception) -> tuple[str, int] | None:
 
 def _checked(check: str, *args: Any) -> Callable[[click.Context, click.Parameter, Any], Any]:
     """A click callback that refuses a value (or each of a repeated option's values) by the limit
-    `ggpo_batch.limits.<check>`, before it reaches the ledger: one line, exit 2, on both backends.
+    `ggpo_batch.common.limits.<check>`, before it reaches the ledger: one line, exit 2, on both backends.
     (limits is imported when a value is checked: `--help` need not.)"""
 
     def callback(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-        from .. import limits
+        from ..common import limits
 
         problem_of = getattr(limits, check)
         for v in value if isinstance(value, tuple) else (value,):
@@ -244,7 +247,7 @@ def _checked(check: str, *args: Any) -> Callable[[click.Context, click.Parameter
     return callback
 
 
-# Callbacks for arguments and options that reach the ledger (see ggpo_batch/limits.py).
+# Callbacks for arguments and options that reach the ledger (see ggpo_batch/common/limits.py).
 NAME_VALUE = _checked("name_problem")  # an experiment or queue name
 RUN_KEY_VALUE = _checked("run_key_problem")
 ARM_VALUE = _checked("arm_name_problem")
@@ -253,6 +256,25 @@ FINITE_VALUE = _checked("number_problem")
 VERSION_VALUE = _checked("version_problem")
 COUNT_VALUE = _checked("count_problem")
 WORKER_VALUE = _checked("worker_name_problem")
+
+
+def experiment_at(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int | None]:
+    """EXPERIMENT or EXPERIMENT@VERSION (an argument's callback), each part checked like any name or version."""
+    from ..common import limits
+
+    name, at, ver = value.partition("@")
+    problem = limits.name_problem(name)
+    version: int | None = None
+    if not problem and at:
+        try:
+            version = int(ver)
+        except ValueError:
+            problem = f"{value!r}: the version after '@' must be a whole number"
+        else:
+            problem = limits.version_problem(version)
+    if problem:
+        raise click.BadParameter(problem, ctx=ctx, param=param)
+    return name, version
 
 
 def invoked_command() -> str:
@@ -289,17 +311,19 @@ def invoked_command_name(ctx: click.Context | None = None) -> str:
 
 
 def echo_json(kind: str, data: Any) -> None:
-    """Print `data` as the `kind` document of ggpo_batch/schemas.py (with its schema number), its
-    secrets masked before it is serialised (ggpo_batch/masking.py)."""
-    from ..masking import scrub
-    from ..schemas import dumps
+    """Print `data` as the `kind` document of ggpo_batch/common/schemas.py (with its schema number), its
+    secrets masked before it is serialised (ggpo_batch/config/masking.py)."""
+    from ..common.schemas import dumps
+    from ..config.masking import scrub
 
     click.echo(dumps(kind, scrub(data)))
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option("-v", "--verbose", count=True, help="More log output (-v info, -vv debug).")
-@click.version_option(package_name="ggpo-batch")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=show_version,
+              help="Show the version, the commit and the installed versions of torch, DeepSpeed, vLLM, "
+                   "transformers, SQLAlchemy and RQ, and exit.")
 @click.pass_context
 def cli(ctx: click.Context, verbose: int) -> None:
     """Run arm x seed RL post-training experiments on shared GPU clusters, and account for every GPU-hour.
@@ -318,9 +342,12 @@ def cli(ctx: click.Context, verbose: int) -> None:
     GGPO_DB_URL_FILE / GGPO_REDIS_URL_FILE (mode 0600). The same settings may sit in
     ~/.config/ggpo-batch/config.toml or /etc/ggpo-batch/config.toml (`ggpo-batch config`).
     """
-    from ..masking import masked_output
+    from ..config.logs import configure_logging
+    from ..config.masking import masked_output
 
     ctx.with_resource(masked_output())  # every byte the command prints: secrets masked (before logging binds stderr)
-    level = logging.WARNING - 10 * min(verbose, 2)
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    # Text or JSON lines (GGPO_LOG_FORMAT / log_format), for this command, and for the worker and the
+    # jobs it starts (config/logs.py)
+    configure_logging(level=logging.WARNING - 10 * min(verbose, 2), stream=sys.stderr,
+                      carry=ctx.invoked_subcommand != "config")  # config shows each setting's own source
     ctx.call_on_close(ctx.ensure_object(App).close)

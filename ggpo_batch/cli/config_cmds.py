@@ -1,4 +1,4 @@
-"""`ggpo-batch config`: the effective settings and their sources (ggpo_batch/settings_view.py)."""
+"""`ggpo-batch config`: the effective settings and their sources (ggpo_batch/config/settings_view.py)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def config_command(app: App, as_json: bool) -> None:
     file: put each in a file only you can read (chmod 600) and name it with the `_file` key.
     Exit codes: 0 shown; 2 a setting or a settings file is wrong (the line names file and key).
     """
-    from ..settings_view import effective_settings
+    from ..config.settings_view import effective_settings
 
     data = effective_settings()
     if as_json:

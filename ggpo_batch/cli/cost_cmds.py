@@ -7,7 +7,7 @@ from datetime import datetime
 
 import click
 
-from ..accounting import COST_GROUPS
+from ..contracts.accounting import COST_GROUPS
 from .app import App, cli, echo_json, pass_reader
 
 

@@ -17,7 +17,9 @@ def dashboard(app: App, host: str, port: int) -> None:
     estimated and decided not spent; an experiment's live run table (state, attempts, heartbeat)
     and its report's tables and plots; a run's attempts, events and log tails; the nightly
     component history; and /api/status, the same JSON as `status --json`. Pages refresh by
-    themselves.
+    themselves. /metrics: the ledger's figures for Prometheus (runs per state and queue, active
+    attempts, GPU-hours, the outbox, the last reconcile's age); /healthz: 200 or 503 (open without
+    the token).
 
     \b
     Access: 127.0.0.1 by default (reach it from elsewhere with `ssh -L 8265:127.0.0.1:8265`).
@@ -28,7 +30,7 @@ def dashboard(app: App, host: str, port: int) -> None:
     \b
     Needs the dashboard extra: pip install 'ggpo-batch[dashboard]'.
     """
-    from ..config import dashboard_token
+    from ..config.settings import dashboard_token
     from ..errors import GgpoError
 
     token = dashboard_token()

@@ -1,4 +1,4 @@
-"""`evaluate`: score every succeeded run's exported policy again, on a new data file (ggpo_batch/evaluations.py)."""
+"""`evaluate`: score every succeeded run's exported policy again, on a new data file (ggpo_batch/control/evaluations.py)."""
 
 from __future__ import annotations
 
@@ -6,12 +6,13 @@ from typing import Any
 
 import click
 
-from .. import progress
+from ..control import progress
 from .app import NAME_VALUE, VERSION_VALUE, App, cli, echo_json, pass_app
+from .shell import COMPLETE_EXPERIMENT
 
 
 def _outcome_set(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from ..evaluation_spec import name_problem
+    from ..contracts.evaluation_spec import name_problem
 
     problem = name_problem(value)
     if problem:
@@ -20,7 +21,7 @@ def _outcome_set(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 @cli.command()
-@click.argument("experiment", callback=NAME_VALUE)
+@click.argument("experiment", callback=NAME_VALUE, shell_complete=COMPLETE_EXPERIMENT)
 @click.option("--data", required=True, type=click.Path(path_type=str),
               help="A JSONL file of items, the format of [train.data]'s eval file: {\"id\", \"question\", "
                    "\"answers\", \"support_titles\"} per line.")
@@ -48,7 +49,7 @@ def evaluate(app: App, experiment: str, data: str, name: str, gpus: int, version
     --json: {"experiment", "version", "name", "data": {"path", "sha256", "items"}, "gpus", "queue",
     "evaluations": [{"key", "run_key", "state", "new"}], "skipped": [{"run_key", "reason"}], "enqueued"}
     """
-    from ..evaluations import evaluate_experiment
+    from ..control.evaluations import evaluate_experiment
 
     with progress.shown():  # the embedded queue (memory://) runs every job here: show them
         res = evaluate_experiment(app.ledger(), app.settings, experiment, data=data, name=name, gpus=gpus,

@@ -1,4 +1,4 @@
-"""`ggpo-batch gc`: remove the checkpoints and attempt folders of finished runs (ggpo_batch/cleanup.py)."""
+"""`ggpo-batch gc`: remove the checkpoints and attempt folders of finished runs (ggpo_batch/control/cleanup.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from datetime import timedelta
 import click
 
 from .app import NAME_VALUE, App, cli, echo_json, pass_app
+from .shell import COMPLETE_EXPERIMENT
 
 _DURATION = re.compile(r"^(\d{1,6})([smhdw])$")
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
@@ -25,7 +26,8 @@ def parse_age(value: str) -> timedelta:
 @click.option("--older-than", "older_than", default="30d", show_default=True, metavar="AGE",
               callback=lambda ctx, param, value: parse_age(value),
               help="Only runs whose last state change is at least this old (30d, 12h, 0d for every finished run).")
-@click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment's runs (every version).")
+@click.option("--experiment", "-e", callback=NAME_VALUE, shell_complete=COMPLETE_EXPERIMENT,
+              help="Only this experiment's runs (every version).")
 @click.option("--dry-run", is_flag=True, help="Say what would be removed and how much it would free; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="What was (or would be) removed, per run, as JSON.")
 @pass_app
@@ -41,12 +43,14 @@ def gc(app: App, older_than: timedelta, experiment: str | None, dry_run: bool, a
     (A run's checkpoint is already removed once its record is booked, unless its spec sets
     `keep_checkpoints = true`.)
     \b
+    An age reaching before the calendar's start (999999w) is nothing that old: nothing removed, exit 0.
+    \b
     Exit codes: 0 done (also when nothing was left to remove); 2 bad option or unknown experiment.
     \b
       ggpo-batch gc --dry-run
       ggpo-batch gc --older-than 0d --experiment exposure-5arm --json
     """
-    from ..cleanup import collect
+    from ..control.cleanup import collect
     from ..errors import LedgerError
 
     led = app.ledger()

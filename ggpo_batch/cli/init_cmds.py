@@ -1,4 +1,4 @@
-"""`ggpo-batch init`: a folder with an experiment to edit and a profile (ggpo_batch/starter.py)."""
+"""`ggpo-batch init`: a folder with an experiment to edit and a profile (ggpo_batch/spec/starter.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ..datafiles import search_path
+from ..common.datafiles import search_path
 from .app import cli
 
 
@@ -30,6 +30,8 @@ folders' profiles/ (suites/), the first found wins:
 {chr(10).join(f"  {d.parent}" for d in search_path("profiles"))}
 
 Existing files are not overwritten: exit 2 and nothing written, unless --force.
+With --force a link in a file's place is replaced by the file, never written
+through; a FIFO, a folder or a linked subfolder there is refused (exit 2, named).
 
 \b
   ggpo-batch init my-exp && cd my-exp
@@ -41,7 +43,7 @@ Existing files are not overwritten: exit 2 and nothing written, unless --force.
 @click.argument("folder", required=False, default=".", type=click.Path(path_type=Path))
 @click.option("--force", is_flag=True, help="Replace the files init writes where they exist.")
 def init(folder: Path, force: bool) -> None:
-    from ..starter import write_starter
+    from ..spec.starter import write_starter
 
     done = write_starter(folder, force=force)
     for path in done.files:

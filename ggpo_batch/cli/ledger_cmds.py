@@ -6,8 +6,9 @@ import json
 
 import click
 
-from ..config import redact
+from ..config.secrets import redact
 from .app import COUNT_VALUE, NAME_VALUE, App, cli, echo_json, pass_app, pass_reader
+from .shell import COMPLETE_EXPERIMENT
 
 
 @cli.group()
@@ -79,9 +80,8 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
     Every record is checked first (schema; GPU-hours = gpus x elapsed / 3600; overshoot = loop -
     budget); any broken record refuses the whole file. Importing the same file again changes nothing.
     """
-    from ..importer import import_results
-
-    from .. import progress
+    from ..control import progress
+    from ..control.importer import import_results
 
     with progress.shown():
         rep = import_results(app.ledger(), file, actor=app.actor, name=name, method=method)
@@ -94,7 +94,8 @@ def ledger_import(app: App, file: str, name: str | None, method: str, as_json: b
 
 
 @cli.command()
-@click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment (all its versions).")
+@click.option("--experiment", "-e", callback=NAME_VALUE, shell_complete=COMPLETE_EXPERIMENT,
+              help="Only this experiment (all its versions).")
 @click.option("--state", "-s", "states", multiple=True, help="Only runs in this state (repeatable).")
 @click.option("--runs", "all_runs", is_flag=True,
               help="List every run (in --state), not only those that need a look.")
@@ -117,7 +118,7 @@ def status(app: App, experiment: str | None, states: tuple[str, ...], all_runs: 
 
         component_status_view(app, nights=nights, threshold=threshold, as_json=as_json)
         return
-    from ..states import RUN_STATES
+    from ..contracts.states import RUN_STATES
 
     bad = [s for s in states if s not in RUN_STATES]
     if bad:
@@ -159,7 +160,7 @@ def _positions(app: App):  # type: ignore[no-untyped-def]
     warned = []
 
     def lookup(queue: str, run_keys: list[str] | None) -> dict[str, dict]:
-        from ..queue import RunQueue
+        from ..control.queue import RunQueue
 
         try:
             return RunQueue.from_url(app.settings.redis_url, app.settings.queue_for(queue or None)).positions(run_keys)
@@ -176,7 +177,7 @@ def _positions(app: App):  # type: ignore[no-untyped-def]
 def _stream_json(experiments, decided) -> None:  # type: ignore[no-untyped-def]
     """`{"schema": N, "experiments": [...], "decided": [...]}` written as it is read: one run row at a
     time, the schema number on the first line."""
-    from ..schemas import stream_head
+    from ..common.schemas import stream_head
 
     def write(text: str) -> None:
         click.echo(text, nl=False)

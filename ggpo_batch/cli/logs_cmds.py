@@ -1,23 +1,26 @@
-"""`ggpo-batch logs`: an attempt's job output (ggpo_batch/joblogs.py), whole, a tail, or followed."""
+"""`ggpo-batch logs`: an attempt's job output (ggpo_batch/reporting/joblogs.py), whole, a tail, or followed."""
 
 from __future__ import annotations
 
 import sys
+from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
+from ..common.printable import LineEnds
 from ..errors import GgpoError
 from .app import COUNT_VALUE, RUN_KEY_VALUE, App, cli, echo_json, pass_reader
+from .shell import COMPLETE_RUN_KEY
 
 if TYPE_CHECKING:
-    from ..joblogs import LogFile
+    from ..reporting.joblogs import LogFile
 
 
 @cli.command()
-@click.argument("run_key", callback=RUN_KEY_VALUE)
+@click.argument("run_key", callback=RUN_KEY_VALUE, shell_complete=COMPLETE_RUN_KEY)
 @click.option("--attempt", "-a", type=click.IntRange(1, None), help="Attempt number (default: the last).")
 @click.option("--rank", "-r", type=click.IntRange(0, None),
               help="Only this rank (submitit task) of the job [default: every rank with a log].")
@@ -40,7 +43,7 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
     attempt ran inside its worker, whose own log has its output.
     \b
     A log is the job's file, not ours: it is streamed whatever its size, -n reads it from the end (a
-    progress bar's "\r" ends a line, as on a terminal), and a file that is a link leading out of the
+    progress bar's "\r" ends a line, as on a terminal, and is shown as one), and a file that is a link leading out of the
     attempt folder, a FIFO or a device is refused, each with one line naming it.
     \b
     Exit codes: 0 shown; 2 no such run, attempt or rank, or a log file refused (the others are
@@ -50,17 +53,9 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
       ggpo-batch logs exposure-5arm-v1-20261012-paired -n 50
       ggpo-batch logs exposure-5arm-v1-20261012-paired --attempt 2 --rank 3 -f
     """
-    from ..joblogs import (
-        NoLog,
-        attempt_logs,
-        attempt_running,
-        job_folder,
-        pick_attempt,
-        read_text,
-        refusal,
-    )
-    from ..joblogs import follow as follow_files
-    from ..untrusted_files import FileRefused, real_roots
+    from ..common.untrusted_files import FileRefused, real_roots
+    from ..reporting.joblogs import NoLog, attempt_logs, attempt_running, job_folder, pick_attempt, read_text, refusal
+    from ..reporting.joblogs import follow as follow_files
 
     led = app.ledger()
     jobs_dir = app.settings.jobs_dir
@@ -82,11 +77,12 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
             click.echo(f"error: {error.message}", err=True)
 
     def show(f: LogFile, roots: Sequence[Path]) -> None:
-        ended = True
+        ended, as_lines = True, LineEnds()
         try:
             for text in read_text(f.path, roots, lines):
+                text = as_lines(text)
                 click.echo(text, nl=False)
-                ended = text.endswith(("\n", "\r"))
+                ended = text.endswith("\n") if text else ended
         except FileRefused as exc:
             if not exc.absent:
                 refuse(f, exc)
@@ -128,13 +124,13 @@ def logs(app: App, run_key: str, attempt: int | None, rank: int | None, follow: 
     for f in first if lines is not None else ():
         _header(f.path, many)
         show(f, roots)
-    shown = None
+    shown, as_lines = None, defaultdict(LineEnds)
     for f, text in follow_files(files_now, running, roots=lambda: roots, start_at_end=lines is not None,
                                 refused=refuse):
         if f.path != shown:
             _header(f.path, many)
             shown = f.path
-        click.echo(text, nl=False)
+        click.echo(as_lines[f.path](text), nl=False)
         sys.stdout.flush()
     _exit(refused)
 

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from ..datafiles import search_path_text
+from ..common.datafiles import search_path_text
 from ..nightly.suite import DEFAULT_SUITE
+from ..common.printable import printable_data
 from .app import App, cli, echo_json, invoked_command, pass_app
 
 if TYPE_CHECKING:
@@ -92,10 +92,12 @@ def _f(v: Any) -> str:
 
 
 def print_components(data: dict[str, Any], console: Console | None = None) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    from .tables import terminal_console as terminal
+
+    console = console or terminal()
+    data = printable_data(data)
     for m in data["methods"]:
         t = Table(title=f"nightly {m['method']} since {data['since']} (moved: > {data['threshold']:.0%} "
                         f"vs previous night)", title_justify="left")

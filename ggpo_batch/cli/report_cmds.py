@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 import click
 
+from ..common.printable import printable_data
 from .app import (
     ARM_VALUE,
     FINITE_VALUE,
@@ -19,9 +20,11 @@ from .app import (
     App,
     cli,
     echo_json,
+    experiment_at,
     pass_app,
     pass_reader,
 )
+from .shell import COMPLETE_EXPERIMENT
 from .ledger_cmds import ledger as ledger_group
 
 if TYPE_CHECKING:
@@ -30,35 +33,19 @@ if TYPE_CHECKING:
 
 def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> list[tuple[str, int | None]]:
     """EXPERIMENT arguments: NAME or NAME@VERSION, one or two, each checked like any name."""
-    from .. import limits
-
     if not 1 <= len(values) <= 2:
         raise click.BadParameter(f"give one experiment, or two to compare (got {len(values)})", ctx=ctx, param=param)
-    out: list[tuple[str, int | None]] = []
-    for v in values:
-        name, at, ver = v.partition("@")
-        problem = limits.name_problem(name)
-        version: int | None = None
-        if not problem and at:
-            try:
-                version = int(ver)
-            except ValueError:
-                problem = f"{v!r}: the version after '@' must be a whole number"
-            else:
-                problem = limits.version_problem(version)
-        if problem:
-            raise click.BadParameter(problem, ctx=ctx, param=param)
-        out.append((name, version))
-    return out
+    return [experiment_at(ctx, param, v) for v in values]
 
 
 @cli.command()
-@click.argument("experiments", nargs=-1, required=True, callback=_which,
+@click.argument("experiments", nargs=-1, required=True, callback=_which, shell_complete=COMPLETE_EXPERIMENT,
                 metavar="EXPERIMENT[@VERSION] [OTHER[@VERSION]]")
 @click.option("--version", "version", type=int, callback=VERSION_VALUE,
               help="Experiment version (default: the latest); or write NAME@VERSION.")
-@click.option("--baseline", default="clean", show_default=True, callback=ARM_VALUE,
-              help="Arm the others are compared with, by seed.")
+@click.option("--baseline", default=None, callback=ARM_VALUE,
+              help="Arm the others are compared with, by seed (default: the spec's `[experiment] baseline`: "
+                   "`clean` if there is such an arm, else the first arm).")
 @click.option("--outcomes", "outcome_set", callback=ARM_VALUE,
               help="The outcome set the outcome figures come from: an evaluation after training (`evaluate "
                    "--name`); default: the training allocation's own evaluation (`training`).")
@@ -73,7 +60,7 @@ def _which(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) 
                    "paired differences (forest plot) where runs have outcomes; learning curves (reward and KL "
                    "against loop seconds, per arm the mean over seeds with a band) where runs booked them.")
 @pass_reader
-def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str,
+def report(app: App, experiments: list[tuple[str, int | None]], version: int | None, baseline: str | None,
            outcome_set: str | None, as_json: bool, fmt: str | None, output: Path | None, plot_dir: Path | None) -> None:
     """What an experiment found and what it cost. Per arm: the evaluation outcome (reward on all,
     exposed and unexposed held-out items) with 95 % intervals, and per GPU-hour; arm - baseline
@@ -93,7 +80,7 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
     reps = [experiment_report(led, name, version=v if v is not None else version, baseline=baseline,
                               outcomes=outcome_set) for name, v in experiments]
     cmp = compare_reports(reps[0], reps[1]) if len(reps) == 2 else None
-    from ..masking import scrub
+    from ..config.masking import scrub
 
     reps, cmp = scrub(reps), scrub(cmp)  # before any format lays them out (cut, escaped) in one place
     if fmt in ("md", "html"):
@@ -109,7 +96,7 @@ def report(app: App, experiments: list[tuple[str, int | None]], version: int | N
         if output is None:
             echo_json(kind, {**data, "plots": plot_paths})
         else:
-            from ..schemas import dumps
+            from ..common.schemas import dumps
 
             _write(dumps(kind, {**data, "plots": plot_paths}) + "\n", output)
         return
@@ -169,7 +156,7 @@ def _whole_file(output: Path, what: str) -> Iterator[TextIO]:
 
     if output.exists() and not output.is_file():  # a device or FIFO would be replaced by the rename
         raise GgpoError(f"{output}: not a regular file; write to stdout instead (leave out -o)")
-    from ..masking import masked_file
+    from ..config.masking import masked_file
 
     tmp = output.with_name(output.name + ".part")
     try:
@@ -186,6 +173,8 @@ def _whole_file(output: Path, what: str) -> Iterator[TextIO]:
 
 
 def _print_warnings(console: Console, warnings: list[dict[str, Any]], notes: list[str]) -> None:
+    power = [w for w in warnings if w["kind"] == "underpowered"]  # about the seeds, not about fairness
+    warnings = [w for w in warnings if w["kind"] != "underpowered"]
     if warnings:
         console.print(f"[b red]comparability warnings ({len(warnings)})[/b red]: do not read the arms as equal-budget "
                       f"comparisons until these are understood")
@@ -195,6 +184,8 @@ def _print_warnings(console: Console, warnings: list[dict[str, Any]], notes: lis
         console.print("no comparability warnings: equal budgets, loop times and overshoot within the thresholds, "
                       "no retries, no failed audits, every seed paired, the same code, environment and hardware "
                       "(where runs recorded them)")
+    for w in power:
+        console.print(f"underpowered: {w['message']}", markup=False, highlight=False)
     for n in notes:
         console.print(f"note: {n}", markup=False, highlight=False)
 
@@ -213,11 +204,11 @@ def _print_tables(console: Console, tables: list[Any]) -> None:
 
 def print_report(data: Mapping[str, Any], console: Console | None = None) -> None:
     """Lay out an experiment report as terminal tables, the comparability warnings first."""
-    from rich.console import Console
-
     from ..reporting.render import footer_lines, report_tables
+    from .tables import terminal_console as terminal
 
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or terminal()
+    data = printable_data(data)
     if data["arms"]:
         _print_warnings(console, data.get("warnings", []), data.get("notes", []))
     _print_tables(console, report_tables(data))
@@ -227,17 +218,17 @@ def print_report(data: Mapping[str, Any], console: Console | None = None) -> Non
 
 def print_comparison(data: Mapping[str, Any], console: Console | None = None) -> None:
     """Two reports side by side as terminal tables, the warnings first."""
-    from rich.console import Console
-
     from ..reporting.render import compare_tables
+    from .tables import terminal_console as terminal
 
-    console = console or Console(width=None if sys.stdout.isatty() else 160)
+    console = console or terminal()
+    data = printable_data(data)
     _print_warnings(console, data["warnings"], data["a"].get("notes", []) + data["b"].get("notes", []))
     _print_tables(console, compare_tables(data))
 
 
 @cli.command()
-@click.argument("experiment", callback=NAME_VALUE)
+@click.argument("experiment", callback=NAME_VALUE, shell_complete=COMPLETE_EXPERIMENT)
 @click.option("--not-reproduced", "not_reproduced", is_flag=True,
               help="Decide not to reproduce EXPERIMENT because of its cost (the one decision made by hand).")
 @click.option("--reason", required=True, callback=TEXT_VALUE, help="Why, in a sentence (kept in the ledger).")
@@ -256,7 +247,7 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
     Queued runs of EXPERIMENT become not_reproduced; runs that already started keep their state.
     The experiment need not be in the ledger (e.g. a paper's full setup judged too expensive).
     """
-    from ..costguard import decide_not_reproduced
+    from ..control.costguard import decide_not_reproduced
     from ..reporting.status import decision_row
 
     if not not_reproduced:
@@ -275,7 +266,8 @@ def decide(app: App, experiment: str, not_reproduced: bool, reason: str, cost_ba
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), required=True, help="Output format.")
 @click.option("--table", type=click.Choice(["runs", "attempts"]),
               help="Which table (CSV: default runs; JSON: default both).")
-@click.option("--experiment", "-e", callback=NAME_VALUE, help="Only this experiment (all its versions).")
+@click.option("--experiment", "-e", callback=NAME_VALUE, shell_complete=COMPLETE_EXPERIMENT,
+              help="Only this experiment (all its versions).")
 @click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="File (default: stdout).")
 @pass_reader
 def ledger_export(app: App, fmt: str, table: str | None, experiment: str | None, output: Path | None) -> None:

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from ..common.printable import printable_data
+
 if TYPE_CHECKING:
     from rich.console import Console
 
@@ -29,16 +31,22 @@ def _shape(exp: dict[str, Any]) -> str:
     return f"{exp['gpus']} GPUs" if nodes == 1 else f"{nodes} nodes x {exp['gpus']} GPUs"
 
 
-def _console(width: int = 160) -> Console:
+def terminal_console(width: int = 160) -> Console:
+    """A rich console on stdout (its width the terminal's, else `width`), keeping rich's styles
+    (`config.masking.layout_stream`): what it prints must be `printable_data` first."""
     from rich.console import Console
 
-    return Console(width=None if sys.stdout.isatty() else width)
+    from ..config.masking import layout_stream
+
+    return Console(file=layout_stream(sys.stdout), width=None if sys.stdout.isatty() else width)
 
 
 def print_status(experiments: Sequence[dict[str, Any]], console: Console | None = None) -> None:
-    from ..masking import scrub
+    from ..config.masking import scrub
 
-    experiments = scrub(experiments)  # before a cell is cut short: a cut secret would not be masked whole
+    # masked before a cell is cut short (a cut secret would not be masked whole), escaped (a ledger from
+    # elsewhere may hold escape codes in any string)
+    experiments = printable_data(scrub(experiments))
     if not experiments:
         if console is None:
             click.echo(NO_EXPERIMENTS)
@@ -48,9 +56,10 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
     from rich.markup import escape
     from rich.table import Table
 
+    from ..contracts.arm_train import changes_text
     from ..reporting.status import state_label
 
-    console = console or _console()
+    console = console or terminal_console()
     for exp in experiments:
         t = Table(title=f"{exp['experiment']} v{exp['version']}  ({exp['method']}, {exp['source']}, "
                         f"{_shape(exp)}/run)", title_justify="left")
@@ -85,9 +94,11 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
                       _f(r["elapsed_seconds"], 1), _f(r["allocated_gpu_hours"], 4), _f(r.get("estimated_gpu_hours"), 3),
                       "; ".join(note))
         t.add_section()
+        changes = exp.get("changes") or {}
         for arm, tot in exp["arms"].items():
+            changed = changes.get(arm)  # what the arm changes against the baseline
             t.add_row(f"[b]{arm}[/b] total", "", _states(tot["states"], tot), str(tot["attempts"]), _f(tot["steps"]), "",
-                      _f(tot["allocated_gpu_hours"], 4), "", "")
+                      _f(tot["allocated_gpu_hours"], 4), "", escape(changes_text(changed)) if changed else "")
         tot = exp["totals"]
         t.add_section()
         t.add_row("[b]experiment total[/b]", "", _states(tot["states"], tot), str(tot["attempts"]), _f(tot["steps"]), "",
@@ -99,6 +110,11 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
                           f"(ggpo-batch status -e {exp['experiment']} --runs --limit 0 lists every run)", markup=False)
         elif exp.get("view") == "attention" and not exp["runs"]:
             console.print("  nothing needs a look: every run ended cleanly (--runs lists them)", markup=False)
+        held = exp["totals"]["states"].get("held", 0)
+        if held:
+            console.print(f"  {held} run(s) held off the queue (a canary's or an earlier wave's): ggpo-batch release "
+                          f"{exp['experiment']}@{exp['version']} queues them; ggpo-batch cancel --experiment "
+                          f"{exp['experiment']} cancels them", markup=False)
         if exp.get("hung_runs"):
             console.print(f"  {exp['hung_runs']} running run(s) silent for over {exp['hung_after_seconds']:.0f} s: hung? "
                           f"(ggpo-batch logs RUN_KEY shows what they last wrote)", markup=False)
@@ -114,10 +130,10 @@ def print_decided(decisions: Sequence[dict[str, Any]], console: Console | None =
     from rich.markup import escape
     from rich.table import Table
 
-    from ..masking import scrub
+    from ..config.masking import scrub
 
-    decisions = scrub(decisions)
-    console = console or _console()
+    decisions = printable_data(scrub(decisions))
+    console = console or terminal_console()
     t = Table(title="decided, never queued (not failures: no GPU spent)", title_justify="left")
     for col in ("experiment", "decision", "est GPU-h", "cap GPU-h", "by", "review done", "resolution"):
         t.add_column(col, justify="right" if "GPU" in col else "left")
@@ -139,6 +155,7 @@ def print_costs(view: dict[str, Any]) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    view = printable_data(view)
     since = f" since {view['since']}" if view["since"] else ""
     t = Table(title=f"costs by {view['by']}{since}", title_justify="left")
     for col, just in ((view["by"], "left"), ("booked GPU-h", "right"), ("attempts", "right"),
@@ -149,4 +166,4 @@ def print_costs(view: dict[str, Any]) -> None:
     tot = view["totals"]
     t.add_row("total", _f(tot["gpu_hours"]), _f(tot["attempts"]), _f(tot["decided_not_spent_gpu_hours"]),
               style="bold")
-    _console().print(t)
+    terminal_console().print(t)

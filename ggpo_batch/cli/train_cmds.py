@@ -9,14 +9,15 @@ from pathlib import Path
 
 import click
 
-from ..allocation import attempt_folder, record_path
+from ..contracts.allocation import attempt_folder, record_path
 from ..executor import EXECUTOR_NAMES
 from .app import App, cli, pass_app
 
 
 @cli.command()
 @click.argument("spec_file", metavar="SPEC", type=click.Path(path_type=str))
-@click.option("--arm", required=True, help="Arm of the spec to train.")
+@click.option("--arm", required=True, help="Arm of the spec to train (with its [arms.ARM.train] overrides, or its "
+              "point of the [sweep]).")
 @click.option("--seed", required=True, type=int, help="Seed (one of the spec's).")
 @click.option("--budget-seconds", type=click.FloatRange(min=0, min_open=True),
               help="Override the spec's loop-time budget.")
@@ -35,8 +36,9 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
     """
     import dataclasses
 
-    from ..preflight import require
-    from ..spec import load_spec
+    from ..contracts.arm_train import arm_changes, changes_text
+    from ..spec.parse import load_spec
+    from ..spec.preflight import require
 
     spec = load_spec(spec_file)
     for default in spec.defaults:  # taken from the model, not written in the spec
@@ -45,14 +47,17 @@ def train(app: App, spec_file: str, arm: str, seed: int, budget_seconds: float |
         raise click.BadParameter(f"{seed} is not a seed of {spec_file} ({list(spec.seeds)})", param_hint="--seed")
     # The executor this command uses decides the ranks and whether there are GPUs to check.
     require(dataclasses.replace(spec, executor=executor), arms=[arm], ranks=nproc if executor == "local" else None)
-    run = spec.run_spec(spec.arm(arm), seed, version=0)
+    run = spec.run_spec(spec.arm(arm), seed, version=0)  # its train: the spec's with the arm's overrides
+    changed = arm_changes(spec.canonical(), arm, spec.baseline_arm)
+    if changed:
+        click.echo(f"arm {arm} changes against the baseline {spec.baseline_arm!r}: {changes_text(changed)}", err=True)
     if budget_seconds is not None:
         run = dataclasses.replace(run, loop_budget_seconds=float(budget_seconds))
     run = dataclasses.replace(run, executor=executor)
     t0 = time.monotonic()
     click.echo(f"training {run.run_key} ({executor}, budget {run.loop_budget_seconds:g} s) -> {output}", err=True)
     if executor == "local":
-        from ..train.launch import train_local
+        from ..train.run.launch import train_local
 
         record = train_local(run, output, nproc=nproc)
     else:

@@ -6,7 +6,7 @@ Bind rule: 127.0.0.1 (or another loopback address) by default; any other address
 cookie and redirects to the same page without the token in its address. The cookie holds an HMAC of
 the token, not the token. No token: 401; a wrong one: 403.
 
-Secrets: every string a page or the API shows passes through `scrub` (ggpo_batch/masking.py, as every
+Secrets: every string a page or the API shows passes through `scrub` (ggpo_batch/config/masking.py, as every
 command's output: URL passwords, the configured DB/Redis/MLflow passwords, the token itself).
 """
 
@@ -27,10 +27,13 @@ from starlette.responses import (
     Response,
 )
 
-from ..config import DASHBOARD_TOKEN_ENV
-from ..masking import scrub  # noqa: F401  (every page and API body is masked as the CLI's output is)
+from ..config.masking import scrub  # noqa: F401  (every page and API body is masked as the CLI's output is)
+from ..config.settings import DASHBOARD_TOKEN_ENV
 
 COOKIE = "ggpo_dashboard"
+# Open without the token: the favicon (an empty 204: a browser asks for it even on the 401 page) and
+# the health probe (a load balancer's or Prometheus' blackbox check; its body names no secret).
+OPEN_PATHS = frozenset({"/favicon.ico", "/healthz"})
 LOCAL_NAMES = ("localhost",)
 
 
@@ -77,8 +80,7 @@ class TokenGate:
         self.session = _session_value(token) if token else None
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        # The favicon (an empty 204) is open: a browser asks for it even on the 401 page.
-        if self.token is None or scope["type"] != "http" or scope["path"] == "/favicon.ico":
+        if self.token is None or scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         request = Request(scope)

@@ -54,21 +54,24 @@ def curve_panels(curves: Mapping[str, Any], baseline: str | None = None) -> list
 
 
 def _scale(lo: float, hi: float, a: float, b: float):  # type: ignore[no-untyped-def]
-    span = (hi - lo) or 1.0
-    return lambda v: a + (v - lo) * (b - a) / span
+    # Halved first: hi - lo overflows for figures near the float limit (+-1e308).
+    span = (hi / 2 - lo / 2) or 1.0
+    return lambda v: a + (v / 2 - lo / 2) / span * (b - a)
 
 
 def _ticks(lo: float, hi: float, count: int = 5) -> list[tuple[float, float]]:
     """Ticks at 1-2-5 multiples within [lo, hi], each with its spacing (for the label's decimals)."""
-    raw = (hi - lo) / count if hi > lo else 1.0
+    raw = (hi / count - lo / count) if hi > lo else 1.0
     mag = 10 ** math.floor(math.log10(raw))
     step = next(s * mag for s in (1, 2, 5, 10) if s * mag >= raw)
     first = math.ceil(lo / step) * step
-    n = math.floor((hi - first) / step + 1e-9) + 1
+    n = min(math.floor((hi / step - first / step) + 1e-9) + 1, 4 * count)
     return [(first + i * step, step) for i in range(max(0, n))]
 
 
 def _label(v: float, step: float) -> str:
+    if abs(v) >= 1e15:
+        return f"{v:.3g}"
     decimals = max(0, -math.floor(math.log10(step) + 1e-9))
     return f"{0.0 if abs(v) < step / 2 else v:,.{decimals}f}"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..common.untrusted_files import FileRefused
 from ..errors import GgpoError
-from ..joblogs import attempt_logs, file_state, tail_text
 from ..ledger.schema import Attempt, Run
-from ..untrusted_files import FileRefused
+from ..reporting.joblogs import attempt_logs, file_state, tail_text
 
 TAIL_LINES = 200
 TAIL_MAX_BYTES = 256 << 10  # of one file's tail: a 200-line tail of a log with no line end is not 200 MiB

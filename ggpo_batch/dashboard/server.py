@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from ..config import Settings
+from ..config.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -13,7 +13,7 @@ def serve(settings: Settings, *, host: str, port: int, token: str | None) -> Non
     """Run the dashboard until interrupted (Ctrl-C)."""
     import uvicorn
 
-    from .app import create_app
+    from .routes import create_app
 
     app = create_app(settings, token=token, host=host)
     shown = f"[{host}]" if ":" in host else host

@@ -12,7 +12,7 @@ import tempfile
 from collections.abc import Iterable
 from typing import Any
 
-from ..config import Settings
+from ..config.settings import Settings
 from ..errors import LedgerError
 from ..ledger import Ledger
 from ..ledger.heartbeats import attempt_heartbeat
@@ -39,7 +39,7 @@ def queue_positions(settings: Settings):  # type: ignore[no-untyped-def]
     Redis cannot be asked (the ledger is still shown, as `status` does)."""
 
     def lookup(queue: str, run_keys: list[str] | None) -> dict[str, dict[str, Any]]:
-        from ..queue import RunQueue
+        from ..control.queue import RunQueue
 
         try:
             return RunQueue.from_url(settings.redis_url, settings.queue_for(queue or None)).positions(run_keys)
@@ -123,15 +123,22 @@ def experiment_results(ledger: Ledger, name: str, version: int | None = None) ->
 
 
 def experiment_curves_view(ledger: Ledger, settings: Settings, name: str, version: int | None = None,
-                           baseline: str = "clean") -> dict[str, Any]:
+                           baseline: str | None = None) -> dict[str, Any]:
     """The learning curves of one version (reporting/learning_curves.py: booked runs from the
     ledger, running ones from their jobs' curve files) and their SVG panels (charts.py)."""
     from ..reporting.learning_curves import experiment_curves
     from .charts import curve_panels, legend
 
-    curves = experiment_curves(ledger, name, _version(ledger, name, version), jobs_dir=settings.jobs_dir)
+    from ..reporting.report import experiment_baseline
+
+    v = _version(ledger, name, version)
+    curves = experiment_curves(ledger, name, v, jobs_dir=settings.jobs_dir)
+    if baseline is None:  # the spec's own (report.experiment_baseline)
+        exp = next(e for e in ledger.experiments(name) if e.version == v)
+        baseline = experiment_baseline(ledger, exp, sorted(curves["arms"]))
     base = baseline if baseline in curves["arms"] else None
-    return {"curves": curves, "panels": curve_panels(curves, base), "legend": legend(curves, base)}
+    return {"curves": curves, "baseline": baseline, "panels": curve_panels(curves, base),
+            "legend": legend(curves, base)}
 
 
 def _attempt_row(settings: Settings, run: Any, a: Any, provenance: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -12,13 +12,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..accounting import gpu_hours
-from ..priorities import DEFAULT_PRIORITY
-from ..runspec import RunSpec
+from ..contracts.accounting import gpu_hours
+from ..contracts.priorities import DEFAULT_PRIORITY
+from ..contracts.runspec import RunSpec
 
 if TYPE_CHECKING:
-    from ..evaluation_spec import EvaluationSpec
-from ..states import SCHEDULER_FINAL
+    from ..contracts.evaluation_spec import EvaluationSpec
+from ..contracts.states import SCHEDULER_FINAL
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import submitit  # here, not in the call: a worker forks each call, which would import it again
 
-from ..allocation import STATE_OF_EXIT_CODE, record_path
+from ..contracts.allocation import STATE_OF_EXIT_CODE, record_path
+from ..contracts.evaluation_spec import EvaluationSpec
+from ..contracts.priorities import DEFAULT_PRIORITY
+from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
-from ..priorities import DEFAULT_PRIORITY
-from ..evaluation_spec import EvaluationSpec
-from ..runspec import RunSpec
 from . import forked
 from .base import Executor, JobInfo
 from .payload import make_payload

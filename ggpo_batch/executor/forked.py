@@ -17,8 +17,8 @@ import signal
 import sys
 from collections.abc import Callable
 
+from ..common.parent_death import signal_at_parent_death
 from ..errors import ExecutorError
-from ..parent_death import signal_at_parent_death
 
 _in_worker = False
 

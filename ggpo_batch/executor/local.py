@@ -15,12 +15,13 @@ from pathlib import Path
 
 import submitit
 
-from ..allocation import alloc_start_export, record_path
+from ..common import metrics
+from ..common.netutil import free_port
+from ..contracts.allocation import alloc_start_export, record_path, vllm_cache_export
+from ..contracts.evaluation_spec import EvaluationSpec
+from ..contracts.priorities import DEFAULT_PRIORITY
+from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
-from ..evaluation_spec import EvaluationSpec
-from ..netutil import free_port
-from ..priorities import DEFAULT_PRIORITY
-from ..runspec import RunSpec
 from . import forked
 from .base import Executor, JobInfo
 from .payload import make_payload
@@ -89,7 +90,9 @@ class LocalExecutor(Executor):
         # An evaluation after training runs one rank per GPU it asked for (CPU ranks here).
         tasks = spec.gpus if isinstance(spec, EvaluationSpec) else self.tasks
         ex.update_parameters(tasks_per_node=tasks, timeout_min=self.timeout_min, gpus_per_node=0,
-                             setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}"])
+                             setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}",
+                                    vllm_cache_export(self.jobs_dir),
+                                    metrics.UNSET_FOR_JOBS])
         job = ex.submit(make_payload(spec, record_path(folder)))
         return str(job.job_id), job
 

@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..allocation import checkpoint_folder, evaluation_record_path
+from ..contracts.allocation import checkpoint_folder, evaluation_record_path
+from ..contracts.evaluation_spec import EvaluationSpec
+from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
-from ..evaluation_spec import EvaluationSpec
-from ..runspec import RunSpec
 
 
 def make_payload(spec: RunSpec | EvaluationSpec, output: Path) -> Callable[[], Any]:
@@ -21,15 +21,11 @@ def make_payload(spec: RunSpec | EvaluationSpec, output: Path) -> Callable[[], A
     attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it.
     An evaluation after training writes its evaluation record in the same folder instead."""
     if isinstance(spec, EvaluationSpec):
-        from ..train.eval_job import (
-            EvaluationJob,  # imported late: torch is only needed on the allocation
-        )
+        from ..train.run.eval_job import EvaluationJob
 
         return EvaluationJob(spec.to_json(), str(evaluation_record_path(Path(output).parent)))
     if spec.method == "ggpo":
-        from ..train.job import (
-            TrainingJob,  # imported late: torch is only needed on the allocation
-        )
+        from ..train.run.job import TrainingJob
 
         return TrainingJob(spec.to_json(), str(output), str(checkpoint_folder(Path(output).parent)))
     raise ExecutorError(f"method {spec.method!r} has no training job (known: ggpo)")
@@ -40,7 +36,7 @@ def preload_payloads() -> bool:
     payload processes it forks start with them loaded; False where the train extra is not installed (a
     submit-only worker, whose jobs never train here)."""
     try:
-        from ..train.job import preload
+        from ..train.run.job import preload
 
         preload()
         return True

@@ -5,7 +5,7 @@ Profiles are TOML files `<name>.toml`, looked up on the search path of `datafile
 `ggpo_batch/data/profiles/`), validated once here and mapped onto submitit's SlurmExecutor
 parameters by `to_submitit_parameters()`.
 
-A `[priority.<high|normal|low>]` table maps a run's priority (ggpo_batch/priorities.py) onto the
+A `[priority.<high|normal|low>]` table maps a run's priority (ggpo_batch/contracts/priorities.py) onto the
 cluster's own: `nice` (sbatch `--nice`, >= 0: a plain user may only lower a job's priority) and/or
 `qos` (replacing the profile's `qos` for runs of that priority). A priority without a table adds
 nothing, so a profile without any submits every run alike:
@@ -27,9 +27,9 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..datafiles import find
+from ..common.datafiles import find
+from ..contracts.priorities import PRIORITIES
 from ..errors import SpecError
-from ..priorities import PRIORITIES
 from .pacing import DEFAULT_BURST, DEFAULT_RATE_PER_S, SubmitPace
 
 log = logging.getLogger(__name__)

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from ..common import metrics
 from ..errors import ExecutorError
 from .base import JobAccount, JobInfo
 
@@ -158,8 +159,10 @@ class Sacct:
     def _run(self, extra: Sequence[str]) -> dict[str, list[SacctRecord]]:
         self._throttle()
         self.calls += 1
+        metrics.count(metrics.SACCT_CALLS)
         argv = [self.command, "-X", "-D", "-P", "--noheader", *extra, "-o", ",".join(FIELDS)]
-        return parse_output(self.runner(argv))
+        with metrics.timed(metrics.SACCT_SECONDS, errors=metrics.SACCT_ERRORS):
+            return parse_output(self.runner(argv))
 
     def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:
         """One sacct call for all `job_ids`; ids sacct does not know (yet) are absent."""

@@ -36,18 +36,20 @@ from typing import Any
 import submitit
 from submitit.helpers import DelayedSubmission
 
-from ..allocation import (
+from ..common import metrics
+from ..contracts.allocation import (
     PREEMPTED_EXIT_CODE,
     STATE_OF_EXIT_CODE,
     alloc_start_export,
     allocation_start,
     record_path,
     time_limit_export,
+    vllm_cache_export,
 )
+from ..contracts.evaluation_spec import EvaluationSpec, evaluation_ranks
+from ..contracts.priorities import DEFAULT_PRIORITY
+from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError, GgpoError
-from ..priorities import DEFAULT_PRIORITY
-from ..evaluation_spec import EvaluationSpec, evaluation_ranks
-from ..runspec import RunSpec
 from .base import Executor, JobAccount, JobInfo, job_name
 from .pacing import Bucket, Unpaced, make_bucket
 from .profile import SlurmProfile
@@ -255,7 +257,9 @@ class SlurmExecutor(Executor):
         params = self._parameters(name, comment, overrides, requeues=requeues)
         ex = self._submitit(folder, params)
         payload = Requeueable(fn, requeues, time_limit_s=60.0 * params["time"], signal_delay_s=params["signal_delay_s"])
-        self.paced_seconds += self.pacer.acquire()  # sites rate-limit RPCs per user
+        waited = self.pacer.acquire()  # sites rate-limit RPCs per user
+        self.paced_seconds += waited
+        metrics.observe(metrics.SBATCH_PACING_WAIT, waited)
         self.sbatch_calls += 1
         try:
             job = ex.submit(payload)
@@ -286,7 +290,8 @@ class SlurmExecutor(Executor):
         # The batch script's first lines: the allocation's start (the job's own GPU-hour clock), its
         # time limit and signal delay (the job's save deadline), then the ranks' rendezvous port.
         params["setup"] = [ALLOC_START_LINE, time_limit_export(60.0 * params["time"], params["signal_delay_s"]),
-                           RENDEZVOUS_PORT_LINE, *params.get("setup", [])]
+                           RENDEZVOUS_PORT_LINE, vllm_cache_export(self.folder),
+                           metrics.UNSET_FOR_JOBS, *params.get("setup", [])]
         return params
 
     def _submitit(self, folder: Path, params: dict[str, Any]) -> submitit.SlurmExecutor:
@@ -310,16 +315,25 @@ class SlurmExecutor(Executor):
         return infos
 
     def _squeue_states(self, ids: list[str]) -> dict[str, JobInfo]:
+        """The controller's state of jobs slurmdbd has no record of yet. A job that ended after
+        holding nodes is not final until sacct has its record: squeue knows no allocation, and a
+        job cancelled before slurmctld had registered it with slurmdbd read CANCELLED with no GPUs
+        (it would be booked with 0 GPU-hours). It reads as Slurm's COMPLETING until sacct answers;
+        a job that ended without nodes (cancelled while pending) is final at once."""
         self.squeue_calls += 1
         try:
-            out = self.runner(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T"])
+            out = self.runner(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-o", "%i|%T|%N"])
         except ExecutorError:
             return {}  # squeue refuses a list with no id it knows: none of them is known anywhere
         infos = {}
         for line in out.splitlines():
-            job_id, _, state = line.strip().partition("|")
+            job_id, _, rest = line.strip().partition("|")
+            raw, _, nodes = rest.partition("|")
             if job_id in ids:
-                infos[job_id] = JobInfo(job_id=job_id, state=normalize_state(state))
+                info = JobInfo(job_id=job_id, state=normalize_state(raw))
+                if info.final and nodes.strip():
+                    info = replace(info, state=normalize_state("COMPLETING"))
+                infos[job_id] = info
         return infos
 
     def accounts(self, job_ids: Iterable[str]) -> dict[str, JobAccount]:

@@ -1,7 +1,7 @@
 """The ledger: the source of truth for experiments, runs, attempts, decisions and their events.
 
 The only code that writes run and attempt state. Each transition runs in one transaction, locks
-the row it changes, checks the move is allowed (`ggpo_batch.states`), and appends an `events`
+the row it changes, checks the move is allowed (`ggpo_batch.contracts.states`), and appends an `events`
 row (who, when, from, to, why) in that same transaction.
 
 The names below are imported on first use (PEP 562): importing `ggpo_batch.ledger.db` or
@@ -16,9 +16,9 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .attempts import QuotaExceeded
     from .core import NewRun
-    from .db import connect, current_revision, downgrade, head_revision, upgrade
+    from .db import current_revision, downgrade, head_revision, upgrade
+    from .quotas import QuotaExceeded
 
 __all__ = [
     "Ledger",
@@ -31,7 +31,7 @@ __all__ = [
     "upgrade",
 ]
 
-_HOME = {"NewRun": ".core", "QuotaExceeded": ".attempts", "connect": ".db", "current_revision": ".db",
+_HOME = {"NewRun": ".core", "QuotaExceeded": ".quotas", "current_revision": ".db",
          "downgrade": ".db", "head_revision": ".db", "upgrade": ".db"}
 
 
@@ -40,7 +40,9 @@ def _ledger_class() -> type:
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .evaluation_rows import EvaluationRecords
+    from .gauges import GaugeReads
     from .heartbeats import HeartbeatRecords
+    from .looks import LookRecords
     from .notifications import NotificationRecords
     from .observations import ObservationRecords
     from .runs import RunTransitions
@@ -48,7 +50,7 @@ def _ledger_class() -> type:
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords,
                  NotificationRecords, EvaluationRecords,
-                 ObservationRecords):
+                 ObservationRecords, GaugeReads, LookRecords):
         """The ledger on one database. Cheap to create; holds only an engine.
 
         Every public method is one transaction and is retried while the database is unreachable,
@@ -72,6 +74,18 @@ def __getattr__(name: str) -> Any:
     return globals()[name]
 
 
+def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0,  # type: ignore[no-untyped-def]
+            pre_ping: bool = True, reading: bool = False):
+    """A Ledger on `url`; with `check`, refuse a schema that is not at head; with `reading`, one
+    that only reads (`make_engine`)."""
+    from .db import check_schema, make_engine
+
+    engine = make_engine(url, pre_ping=pre_ping, reading=reading)
+    if check:
+        check_schema(engine)
+    return __getattr__("Ledger")(engine, retry_seconds=retry_seconds)
+
+
 def __dir__() -> list[str]:
     return sorted({*globals(), *__all__})
 
@@ -81,7 +95,9 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .evaluation_rows import EvaluationRecords
+    from .gauges import GaugeReads
     from .heartbeats import HeartbeatRecords
+    from .looks import LookRecords
     from .notifications import NotificationRecords
     from .observations import ObservationRecords
     from .runs import RunTransitions
@@ -89,4 +105,4 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
                  HeartbeatRecords, NotificationRecords, EvaluationRecords,
-                 ObservationRecords): ...
+                 ObservationRecords, LookRecords): ...

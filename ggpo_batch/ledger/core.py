@@ -31,16 +31,18 @@ from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from ..common import metrics
+from ..contracts.priorities import DEFAULT_PRIORITY
 from ..errors import GgpoError, LedgerError, NotPermitted, Unavailable
-from ..priorities import DEFAULT_PRIORITY
 from .events import check_move, event_row, notice_of, notification_row
+from .failures import permanent
 from .read_only import write_refused
 from .schema import (
     Attempt,
     Decision,
     Event,
-    Notification,
     Experiment,
+    Notification,
     Run,
     utcnow,
 )
@@ -79,24 +81,15 @@ def _retrying(method: Callable[..., T]) -> Callable[..., T]:
                 return method(self, *args, **kwargs)
             except (OperationalError, InterfaceError) as exc:
                 left = deadline - time.monotonic()
-                if left <= 0 or _permanent(exc):
+                if left <= 0 or permanent(exc):
                     raise
                 first = str(exc.orig).splitlines()[0] if getattr(exc, "orig", None) else type(exc).__name__
                 log.warning("ledger unavailable (%s); retrying %s in %.1f s", first, method.__name__, min(delay, left))
+                metrics.count(metrics.LEDGER_RETRIES)
                 time.sleep(min(delay, left))
                 delay = min(delay * 2, 5.0)
 
     return wrapper
-
-
-# Failures that waiting does not cure: retrying them only delays the one-line error by minutes.
-_PERMANENT = ("readonly database", "unable to open database file", "file is not a database", "disk image is malformed",
-              "password authentication failed", "does not exist", "no pg_hba.conf entry")
-
-
-def _permanent(exc: Exception) -> bool:
-    text = str(getattr(exc, "orig", None) or exc)
-    return any(p in text for p in _PERMANENT)
 
 
 class LedgerCore:

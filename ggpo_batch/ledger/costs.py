@@ -4,15 +4,15 @@ decisions that move runs in the same transaction; and the cost view's one query 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Any, NamedTuple
 
 from sqlalchemy import ColumnElement, func, literal, null, select, union_all, update
 
-from ..accounting import COST_GROUPS
+from ..contracts.accounting import COST_GROUPS
+from ..contracts.states import HELD, KIND_NOT_REPRODUCED, UNFINISHED_RUN_STATES
 from ..errors import LedgerError
-from ..states import UNFINISHED_RUN_STATES
 from .core import LedgerCore, NewRun, expect_rows
 from .schema import (
     Attempt,
@@ -110,13 +110,14 @@ class CostRecords(LedgerCore):
     def apply_decision(self, *, experiment_name: str, kind: str, actor: str, fields: Mapping[str, Any],
                        experiment_id: int | None = None, run_state: str | None = None,
                        new_experiment: Mapping[str, Any] | None = None,
-                       new_runs: Sequence[NewRun] = ()) -> tuple[Decision, list[str]]:
+                       new_runs: Sequence[NewRun] = (), hold: Collection[str] = ()) -> tuple[Decision, list[str]]:
         """Record a cost decision and move runs with it, in one transaction; returns (decision, moved run keys).
 
         `new_experiment` (create_experiment's keywords, without runs) creates the experiment with
         `new_runs` already in `not_reproduced`. `run_state="not_reproduced"` moves the experiment's
-        queued runs there (runs that started already cost GPU-hours and are left alone);
-        `run_state="queued"` puts its not_reproduced runs back in the queue (the cost was accepted).
+        queued and held runs there (runs that started already cost GPU-hours and are left alone);
+        `run_state="queued"` puts its not_reproduced runs back in the queue (the cost was accepted),
+        those of `hold` (a sequential design's later waves) back to held instead.
         """
         if run_state not in (None, "not_reproduced", "queued"):
             raise LedgerError(f"a decision moves runs to not_reproduced or queued, not {run_state!r}")
@@ -132,14 +133,15 @@ class CostRecords(LedgerCore):
                     expect_rows(done, len(rows), f"deciding the runs of {experiment_name}")  # type: ignore[arg-type]
                 moved = [nr.run_key for nr in new_runs]
             elif run_state is not None and experiment_id is not None:
-                source = "queued" if run_state == "not_reproduced" else "not_reproduced"
+                # held runs (a later wave) have spent nothing either: decided with the queued ones
+                sources = ("queued", HELD) if run_state == "not_reproduced" else ("not_reproduced",)
                 keys = list(s.scalars(select(Run.run_key).where(Run.experiment_id == experiment_id,
-                                                                Run.state == source).order_by(Run.id)))
+                                                                Run.state.in_(sources)).order_by(Run.id)))
                 for key in keys:
                     run = self._locked_run(s, key)
-                    if run.state != source:  # moved by someone else since the select
+                    if run.state not in sources:  # moved by someone else since the select
                         continue
-                    self._move(s, run, run_state, actor, why)
+                    self._move(s, run, HELD if run_state == "queued" and key in hold else run_state, actor, why)
                     run.cause = why if run_state == "not_reproduced" else None
                     moved.append(key)
             d = Decision(experiment_name=experiment_name, experiment_id=experiment_id, kind=kind, decided_by=actor,
@@ -173,8 +175,6 @@ class CostRecords(LedgerCore):
         decided = (select(keys[1], zero, none, func.coalesce(run.estimated_gpu_hours, 0.0))
                    .select_from(Run.__table__.join(Experiment.__table__, exp.id == run.experiment_id))
                    .where(run.state == "not_reproduced"))
-        from ..costguard import KIND_NOT_REPRODUCED
-
         before = (select(keys[2], zero, none, func.coalesce(dec.estimated_gpu_hours, 0.0))
                   .where(dec.experiment_id.is_(None), dec.kind == KIND_NOT_REPRODUCED))
         if since is not None:

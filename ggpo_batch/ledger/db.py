@@ -18,8 +18,9 @@ from pathlib import Path
 from sqlalchemy import Engine, create_engine, event, inspect, text
 from sqlalchemy.engine import make_url
 
-from ..config import redact
-from ..datafiles import MIGRATIONS_DIR
+from ..common.datafiles import MIGRATIONS_DIR
+from ..common.printable import printable
+from ..config.secrets import redact
 from ..errors import ConfigError, LedgerError, SchemaBehindError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -148,8 +149,10 @@ def refuse_truncated_sqlite(path: Path) -> None:
         if look == 0:
             time.sleep(0.05)
     size, pages, page_size = short
-    raise sqlite3.DatabaseError(f"database disk image is malformed: {path} is {size} bytes, its header "
-                                f"says {pages} pages of {page_size} bytes (the file was truncated)")
+    error = sqlite3.DatabaseError(f"database disk image is malformed: {path} is {size} bytes, its header "
+                                  f"says {pages} pages of {page_size} bytes (the file was truncated)")
+    error.sqlite_errorcode, error.sqlite_errorname = sqlite3.SQLITE_CORRUPT, "SQLITE_CORRUPT"  # as SQLite's own would
+    raise error
 
 
 def _shortfall(path: Path) -> tuple[int, int, int] | None:
@@ -193,7 +196,7 @@ def _alembic_config(engine: Engine):  # type: ignore[no-untyped-def]
 # The newest Alembic revision this code ships. Every command checks the database against it, so
 # it is a constant here rather than read from migrations/ (importing alembic costs ~0.5 s a
 # command); tests/test_migrations.py fails if it differs from migrations/' own head.
-HEAD_REVISION = "0009"
+HEAD_REVISION = "0012"
 
 
 def head_revision() -> str:
@@ -211,13 +214,16 @@ def migrations_head() -> str:
     return heads[0]
 
 
+REVISION_SHOWN_MAX = 80
+
+
 def current_revision(engine: Engine) -> str | None:
     """The revision the database is at (None for an empty database), read from Alembic's own
     `alembic_version` table without importing Alembic."""
     with engine.connect() as conn:
         if not inspect(conn).has_table("alembic_version"):
             return None
-        rows = list(conn.execute(text("SELECT version_num FROM alembic_version")).scalars())
+        rows = [printable(r, REVISION_SHOWN_MAX) for r in conn.execute(text("SELECT version_num FROM alembic_version")).scalars()]
     if len(rows) > 1:
         raise SchemaBehindError(f"the ledger has several revisions ({', '.join(rows)}); run `ggpo-batch db upgrade`")
     return rows[0] if rows else None
@@ -314,14 +320,3 @@ def is_empty(engine: Engine) -> bool:
     with engine.connect() as conn:
         return not conn.execute(anything).scalar()
 
-
-def connect(url: str, *, check: bool = True, retry_seconds: float = 120.0,  # type: ignore[no-untyped-def]
-            pre_ping: bool = True, reading: bool = False):
-    """A Ledger on `url`; with `check`, refuse a schema that is not at head; with `reading`, one
-    that only reads (`make_engine`)."""
-    from . import Ledger
-
-    engine = make_engine(url, pre_ping=pre_ping, reading=reading)
-    if check:
-        check_schema(engine)
-    return Ledger(engine, retry_seconds=retry_seconds)

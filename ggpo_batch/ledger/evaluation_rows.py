@@ -17,8 +17,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
-from ..errors import LedgerError
-from ..states import (
+from ..contracts.states import (
     ATTEMPT_FINAL,
     ATTEMPT_KIND_EVALUATION,
     RETRYABLE_EVALUATION_STATES,
@@ -26,11 +25,14 @@ from ..states import (
     UNSUBMITTED_ATTEMPT_END,
     evaluation_can_move,
 )
-from .attempts import AttemptPlan, AttemptTransitions, QuotaExceeded, end_attempt
+from ..errors import LedgerError
+from .attempts import AttemptTransitions, end_attempt
 from .core import LedgerCore
 from .events import RowEvents
 from .new_evaluations import NewEvaluation, reason_of, write_new_evaluations
+from .quotas import QuotaExceeded
 from .schema import Attempt, Evaluation, Experiment, Run, utcnow
+from .submissions import AttemptPlan
 
 _EVAL = Evaluation.__table__
 

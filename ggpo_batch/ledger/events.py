@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import Connection, insert
 
+from ..contracts import notices as kinds
+from ..contracts.states import REASON_TO_LEAVE, can_move
 from ..errors import LedgerError
-from ..notify import kinds
-from ..states import REASON_TO_LEAVE, can_move
 from .schema import Decision, Event, Notification, Run, utcnow
 
 # Built once, not per transition. Inline: no RETURNING of the new id,

@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 
 from sqlalchemy import bindparam, func, or_, select, update
 
-from ..heartbeat import Heartbeat
-from ..states import LIVE_JOB_ATTEMPT_STATES
+from ..contracts.heartbeat import Heartbeat
+from ..contracts.states import LIVE_JOB_ATTEMPT_STATES
 from .core import LedgerCore
 from .schema import Attempt, Run
 

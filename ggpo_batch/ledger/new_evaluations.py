@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import Connection, insert
 
+from ..contracts.states import evaluation_can_move
 from ..errors import LedgerError
-from ..states import evaluation_can_move
 from .events import RowEvents
 from .schema import Evaluation, Run, utcnow
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, func, insert, select, update
 
-from ..notify.kinds import EXPERIMENT_FINISHED, Notice
-from ..states import RECORD_RUN_STATES, UNFINISHED_RUN_STATES
+from ..contracts.notices import EXPERIMENT_FINISHED, Notice
+from ..contracts.states import RECORD_RUN_STATES, UNFINISHED_RUN_STATES
 from .core import LedgerCore
 from .events import notification_row
 from .heartbeats import HUNG_SINCE

@@ -1,5 +1,5 @@
 """What a job recorded of itself, booked with its attempt's end: the attempt's provenance
-(ggpo_batch/run_provenance.py) and the run's learning curve (ggpo_batch/curve.py), and their reads.
+(ggpo_batch/contracts/provenance.py) and the run's learning curve (ggpo_batch/contracts/curve.py), and their reads.
 
 Settlement hands an `Observations` to `mark_finished` / `settle_attempt`, which write it in the
 transaction that ends the attempt: the provenance row of the attempt, and the run's curve points in
@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, insert, select
 
-from ..curve import FIGURES
+from ..contracts.curve import FIGURES
 from .core import LedgerCore
 from .schema import AttemptProvenance, CurvePoint, Run
 

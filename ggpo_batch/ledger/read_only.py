@@ -49,14 +49,15 @@ from urllib.parse import quote
 
 from sqlalchemy import Engine, text
 
-from ..config import redact
+from ..config.secrets import redact
 from ..errors import NotPermitted
+from .failures import sqlite_code, sqlstate
 
 log = logging.getLogger(__name__)
 
 # What a reader of a ledger it may not write can still run (named in the refusals).
 READING_COMMANDS = ("status, report, costs, ledger export, logs, notifications, dashboard, db current, "
-                    "enqueue --dry-run")
+                    "enqueue --dry-run, plan, advise")
 
 Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
 
@@ -245,7 +246,7 @@ def write_refused(exc: BaseException) -> NotPermitted | None:
     orig = getattr(exc, "orig", None)
     first = str(orig if orig is not None else exc).strip().splitlines()
     first_line = first[0] if first else type(exc).__name__
-    if getattr(orig, "sqlstate", None) in _PG_REFUSALS or "readonly database" in first_line:
+    if sqlstate(exc) in _PG_REFUSALS or sqlite_code(exc) == sqlite3.SQLITE_READONLY:
         return NotPermitted("the ledger refused a write (nothing was written)", first_line)
     return None
 

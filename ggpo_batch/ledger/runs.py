@@ -1,5 +1,5 @@
 """Experiments and runs in the ledger: creating them, reading them, and the run transitions
-that are not about one attempt (requeue, cancel, not reproduced). The other parts of `Ledger`
+that are not about one attempt (requeue, release of held runs, cancel, not reproduced). The other parts of `Ledger`
 are attempts.py, costs.py and component_runs.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 from sqlalchemy import func, insert, literal, null, select
 from sqlalchemy.orm import Session, undefer
 
+from ..contracts.states import HELD, IN_FLIGHT_ATTEMPT_STATES, UNFINISHED_RUN_STATES
 from ..errors import LedgerError
-from ..states import IN_FLIGHT_ATTEMPT_STATES, UNFINISHED_RUN_STATES
 from .bulk import insert_rows
 from .core import LedgerCore, NewRun
 from .schema import (
@@ -36,6 +36,12 @@ class RunTransitions(LedgerCore):
                 .order_by(Experiment.version.desc()).limit(1)
             ).one_or_none()
 
+    def experiment_spec(self, experiment_id: int) -> dict[str, Any]:
+        """One experiment version's canonical spec (the deferred column: read only where asked)."""
+        with self.session() as s:
+            spec = s.scalar(select(Experiment.spec).where(Experiment.id == experiment_id))
+            return dict(spec) if isinstance(spec, Mapping) else {}
+
     def run_states(self, experiment_id: int) -> dict[str, str]:
         """Run key -> state for one experiment version (cheap: no JSON columns)."""
         with self.session() as s:
@@ -51,22 +57,30 @@ class RunTransitions(LedgerCore):
 
     def create_experiment(self, *, name: str, version: int, method: str, source: str, spec_hash: str,
                           spec: Mapping[str, Any], gpus: int, actor: str, runs: Sequence[NewRun],
-                          initial_state: str = "queued", source_path: str | None = None,
-                          queue: str | None = None, max_gpu_hours: float | None = None,
-                          reason: str | None = None) -> Experiment:
-        """Create an experiment version with its runs, all in `initial_state`, in one transaction."""
+                          initial_state: str = "queued", states: Sequence[str] | None = None,
+                          source_path: str | None = None, queue: str | None = None,
+                          max_gpu_hours: float | None = None, reason: str | None = None) -> Experiment:
+        """Create an experiment version with its runs, all in `initial_state` (or each in its own of
+        `states`, in `runs` order: `held` for those a canary or an earlier wave holds), in one transaction."""
+        states = list(states) if states is not None else [initial_state] * len(runs)
+        if len(states) != len(runs):
+            raise LedgerError(f"{len(runs)} run(s) but {len(states)} state(s)")
         with self.session() as s:
             exp, _ = self._create(s, name=name, version=version, method=method, source=source, spec_hash=spec_hash,
-                                  spec=spec, gpus=gpus, actor=actor, runs=runs, states=[initial_state] * len(runs),
+                                  spec=spec, gpus=gpus, actor=actor, runs=runs, states=states,
                                   source_path=source_path, queue=queue, max_gpu_hours=max_gpu_hours, reason=reason,
                                   ids=False)
             return exp
 
     def add_runs(self, experiment_id: int, runs: Sequence[NewRun], *, actor: str, state: str = "queued",
-                 reason: str | None = None) -> list[int]:
-        """Add runs to an existing experiment version (e.g. arms first enqueued with --arms)."""
+                 reason: str | None = None, states: Sequence[str] | None = None) -> list[int]:
+        """Add runs to an existing experiment version (e.g. arms first enqueued with --arms), all in
+        `state` or each in its own of `states`."""
+        states = list(states) if states is not None else [state] * len(runs)
+        if len(states) != len(runs):
+            raise LedgerError(f"{len(runs)} run(s) but {len(states)} state(s)")
         with self.session() as s:
-            return self._insert_runs(s, experiment_id, runs, [state] * len(runs), actor=actor, reason=reason)
+            return self._insert_runs(s, experiment_id, runs, states, actor=actor, reason=reason)
 
     def _insert_runs(self, s: Session, experiment_id: int, runs: Sequence[NewRun], states: Sequence[str], *,
                      actor: str, reason: str | None, ids: bool = True,
@@ -232,6 +246,24 @@ class RunTransitions(LedgerCore):
             run.cause = None
             run.worker = None
             return run
+
+    def release_held(self, experiment_id: int, *, actor: str, reason: str,
+                     run_keys: Iterable[str] | None = None) -> dict[str, str]:
+        """Held -> queued, in one transaction, for the experiment version's held runs (or those of
+        `run_keys`); returns key -> priority of those moved, for the caller to put on the queue
+        (control/holds.py: the ledger first, then Redis). A run no longer held is left alone."""
+        with self.session() as s:
+            q = select(Run.run_key).where(Run.experiment_id == experiment_id, Run.state == HELD).order_by(Run.id)
+            if run_keys is not None:
+                q = q.where(Run.run_key.in_(list(run_keys)))
+            moved: dict[str, str] = {}
+            for key in list(s.scalars(q)):
+                run = self._locked_run(s, key)
+                if run.state != HELD:  # moved by someone else since the select
+                    continue
+                self._move(s, run, "queued", actor, reason)
+                moved[key] = run.priority
+            return moved
 
     def mark_cancelled(self, run_key: str, *, actor: str, reason: str | None = None) -> Run:
         """The run is cancelled now; its scheduler jobs (if any) are cancelled by the caller."""

@@ -1,7 +1,7 @@
 """Ledger tables (SQLAlchemy 2). Alembic revisions in migrations/ create exactly these.
 
 Units: seconds for durations, GPU-hours for cost, UTC for times. Run and attempt states
-(`ggpo_batch.states`) are changed only through `Ledger` transitions, each of which appends an
+(`ggpo_batch.contracts.states`) are changed only through `Ledger` transitions, each of which appends an
 `events` row.
 """
 
@@ -27,7 +27,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 from sqlalchemy.types import TypeDecorator
 
-from ..limits import (
+from ..common.limits import (
     ARM_NAME_MAX,
     EVALUATION_KEY_MAX,
     NAME_COLUMN_LENGTH,
@@ -36,9 +36,9 @@ from ..limits import (
     USER_MAX,
     WORKER_NAME_MAX,
 )
-from ..priorities import DEFAULT_PRIORITY, PRIORITY_COLUMN_LENGTH
+from ..contracts.priorities import DEFAULT_PRIORITY, PRIORITY_COLUMN_LENGTH
 
-NOTICE_KEY_LENGTH = 255  # a notification's keys (ggpo_batch/notify/kinds.py keeps them shorter)
+NOTICE_KEY_LENGTH = 255  # a notification's keys (ggpo_batch/contracts/notices.py keeps them shorter)
 
 
 def utcnow() -> datetime:
@@ -110,14 +110,14 @@ class Run(Base):
     run_spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     retries_allowed: Mapped[int] = mapped_column(Integer, default=0)
     estimated_gpu_hours: Mapped[float | None] = mapped_column(Float)
-    # high | normal | low (ggpo_batch/priorities.py): which RQ queue the run waits on, and its Slurm
+    # high | normal | low (ggpo_batch/contracts/priorities.py): which RQ queue the run waits on, and its Slurm
     # nice/QoS (migration 0006).
     priority: Mapped[str] = mapped_column(String(PRIORITY_COLUMN_LENGTH), default=DEFAULT_PRIORITY,
                                           server_default=DEFAULT_PRIORITY)
     cause: Mapped[str | None] = mapped_column(Text)
     worker: Mapped[str | None] = mapped_column(String(WORKER_NAME_MAX))
     result: Mapped[dict[str, Any] | None] = mapped_column(JSON)
-    # The evaluation's figures (ggpo_batch/outcome.py), booked with the result (migration 0003).
+    # The evaluation's figures (ggpo_batch/contracts/outcome.py), booked with the result (migration 0003).
     # Deferred: per-item rewards are the report's to read, not every query's that loads runs.
     outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
@@ -164,7 +164,7 @@ class Attempt(Base):
     gpu_hours_job: Mapped[float | None] = mapped_column(Float)
     gpu_hours_scheduler: Mapped[float | None] = mapped_column(Float)
     exit_code: Mapped[str | None] = mapped_column(String(32))
-    # The job's last heartbeat (ggpo_batch/heartbeat.py), copied by reconcile while it runs
+    # The job's last heartbeat (ggpo_batch/contracts/heartbeat.py), copied by reconcile while it runs
     # (migration 0004): an observation, not a transition, so no event row. `heartbeat_at` is
     # the job's own time of writing it.
     heartbeat_step: Mapped[int | None] = mapped_column(Integer)
@@ -179,7 +179,7 @@ class Attempt(Base):
 
 class Evaluation(Base):
     """One evaluation of a succeeded run's exported policy on a data file, after training: its
-    outcome set `name` for that run (ggpo_batch/evaluations.py; migration 0008). Its attempts (kind
+    outcome set `name` for that run (ggpo_batch/control/evaluations.py; migration 0008). Its attempts (kind
     `evaluation`) carry its GPU-hours; the run stays succeeded."""
 
     __tablename__ = "evaluations"
@@ -198,7 +198,7 @@ class Evaluation(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     gpus: Mapped[int] = mapped_column(Integer)
     cause: Mapped[str | None] = mapped_column(Text)
-    # The outcome figures (ggpo_batch/outcome.py) of this set for this run, and the job's evaluation
+    # The outcome figures (ggpo_batch/contracts/outcome.py) of this set for this run, and the job's evaluation
     # record without its per-item rows; deferred: the report's to read.
     outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
     record: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
@@ -208,7 +208,7 @@ class Evaluation(Base):
 
     run: Mapped[Run] = relationship(lazy="joined", innerjoin=True)
 class AttemptProvenance(Base):
-    """What an attempt ran (ggpo_batch/run_provenance.py): code, environment, hardware, spec hash;
+    """What an attempt ran (ggpo_batch/contracts/provenance.py): code, environment, hardware, spec hash;
     written by its job, booked by settlement with the attempt's end (migration 0009)."""
 
     __tablename__ = "attempt_provenance"
@@ -221,7 +221,7 @@ class AttemptProvenance(Base):
 
 
 class CurvePoint(Base):
-    """One training step of a run's learning curve (ggpo_batch/curve.py): booked in bulk by
+    """One training step of a run's learning curve (ggpo_batch/contracts/curve.py): booked in bulk by
     settlement from the details' history (migration 0009); `attempt_id` is the attempt that booked it."""
 
     __tablename__ = "curve_points"
@@ -242,6 +242,36 @@ class CurvePoint(Base):
     is_weight_mean: Mapped[float | None] = mapped_column(Float)
     weight_sync_seconds: Mapped[float | None] = mapped_column(Float)
     probe_gap: Mapped[float | None] = mapped_column(Float)
+
+
+class SequentialLook(Base):
+    """One look of a sequential [power] design at one arm (ggpo_batch/control/waves.py, migration
+    0012): the paired t statistic of the arm against the baseline over the seeds of waves 1..look,
+    the |t| boundary of that look, the per-seed differences used, and what reconcile decided:
+    crossed or futile (the arm's held runs cancelled), continue (the next wave released), final
+    (the last look, not crossed) or refused (the cost guard refused the next wave). Append-only."""
+
+    __tablename__ = "sequential_looks"
+    __table_args__ = (UniqueConstraint("experiment_id", "arm", "look", name="uq_look_experiment_arm_look"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    arm: Mapped[str] = mapped_column(String(ARM_NAME_MAX))
+    look: Mapped[int] = mapped_column(Integer)  # 1..looks
+    looks: Mapped[int] = mapped_column(Integer)
+    seeds: Mapped[int] = mapped_column(Integer)  # the seeds the design's wave `look` reaches
+    seeds_paired: Mapped[int] = mapped_column(Integer)  # of them, paired with the baseline (the statistic's n)
+    metric: Mapped[str] = mapped_column(String(64))
+    statistic: Mapped[float | None] = mapped_column(Float)  # t; None: fewer than 2 seeds paired, or infinite
+    boundary: Mapped[float | None] = mapped_column(Float)  # |t| boundary; None: this look cannot reject
+    alpha: Mapped[float] = mapped_column(Float)  # the per-arm level the boundaries spend
+    spending: Mapped[str] = mapped_column(String(32))
+    waves: Mapped[dict[str, Any]] = mapped_column(JSON)  # the design's waves (a list)
+    per_seed: Mapped[dict[str, Any]] = mapped_column(JSON)  # seed -> the arm's difference to the baseline
+    decision: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    decided_by: Mapped[str] = mapped_column(String(USER_MAX))
+    decided_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class Event(Base):

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from sqlalchemy import case, exists, func, select
 from sqlalchemy.orm import selectinload
 
-from ..accounting import disagrees_clause
-from ..run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED
-from ..states import RECORD_RUN_STATES
+from ..contracts.accounting import disagrees_clause
+from ..contracts.run_record import BUDGET_STATUS_RECONCILED, TRAINING_STATUS_VALIDATED
+from ..contracts.states import RECORD_RUN_STATES
 from .core import LedgerCore
 from .heartbeats import HUNG_SINCE
 from .schema import Attempt, Run
@@ -136,8 +136,8 @@ class RunSummaries(LedgerCore):
 
 
 # The order attention runs are shown in: what went wrong first, then what is in flight (the running
-# run silent the longest first: a hung job leads), then waiting.
-_ATTENTION_ORDER = (("failed", "lost", "timeout"), ("running",), ("submitted",), ("queued",))
+# run silent the longest first: a hung job leads), then waiting, then held off the queue.
+_ATTENTION_ORDER = (("failed", "lost", "timeout"), ("running",), ("submitted",), ("queued",), ("held",))
 
 
 def _group_order(group: tuple[str, ...]) -> tuple:  # type: ignore[type-arg]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from ..train.ggpo import GgpoConfig, ggpo_loss
+from ..train.policy.ggpo import GgpoConfig, ggpo_loss
 from .corpus import CorpusError, load_file
 from .watch import watching
 

@@ -1,5 +1,5 @@
 """The ggpo method at tier l1_mechanism, one seed: the training job's own ggpo update
-(`ggpo_batch.train.ggpo`, imported, never copied) on a BytePolicy trained from scratch.
+(`ggpo_batch.train.policy.ggpo`, imported, never copied) on a BytePolicy trained from scratch.
 
 Stages, all with fixed budgets: a teacher learns next-byte NLL from scratch on the train bytes
 (`teacher_steps`), then is frozen; a specialist continues from it (`specialist_steps`), then is
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..train.ggpo import ggpo_loss, group_advantages, token_logprobs
+from ..train.policy.ggpo import ggpo_loss, group_advantages, token_logprobs
 from .corpus import ByteSplit
 from .policy import (
     EOS,

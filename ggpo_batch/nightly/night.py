@@ -53,8 +53,8 @@ def run_method_night(ledger: Any, *, suite: Suite, method: str, night: date, act
     A bad corpus (missing, oversized, wrong sha256) or an unknown method is refused before the
     claim, so a mistyped manual run cannot use up a night.
     """
+    from ..contracts.code_provenance import sha256_path
     from .corpus import load_corpus
-    from .provenance import sha256_path
     from .runner import (  # torch is imported only where the tier really runs
         METHODS,
         run_nightly,
@@ -102,8 +102,9 @@ def run_night(ledger: Any, *, suite: Suite, output_dir: Path, night: date, actor
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the cron/systemd alternative; settings (ledger URL) come from the environment."""
-    from ..config import load_settings
-    from ..identity import acting, resolve
+    from ..config.identity import acting, resolve
+    from ..config.logs import configure_logging
+    from ..config.settings import load_settings
     from ..ledger import connect
 
     ap = argparse.ArgumentParser(description="Run one night of the nightly CPU suite (no queue).")
@@ -111,8 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--output-dir", type=Path, required=True)
     ap.add_argument("--night", type=date.fromisoformat, default=datetime.now(UTC).date())
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     settings = load_settings()
+    configure_logging(text_format="%(asctime)s %(name)s %(message)s", fmt=settings.log_format)
     command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "ggpo_batch.nightly.night",
                                                 *(argv if argv is not None else sys.argv[1:])])
     try:

@@ -15,8 +15,9 @@ from typing import Any
 
 import torch
 
+from ..contracts.code_provenance import executed_sources, git_commit, relative_to_checkout, sha256_path, uncommitted
 from ..errors import GgpoError
-from ..train import ggpo as ggpo_module
+from ..train.policy import ggpo as ggpo_module
 from . import ggpo_tier
 from .checks import (
     NOT_APPLICABLE,
@@ -26,13 +27,6 @@ from .checks import (
 from .component_record import SCHEMA_VERSION, aggregate, check_component_record
 from .corpus import ByteSplit, Corpus, load_corpus
 from .policy import PolicyConfig
-from .provenance import (
-    executed_sources,
-    git_commit,
-    relative_to_checkout,
-    sha256_path,
-    uncommitted,
-)
 from .suite import Suite, load_suite
 from .watch import watching
 

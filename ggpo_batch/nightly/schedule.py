@@ -49,8 +49,8 @@ def nightly_job(suite_path: str, output_dir: str, night: str | None = None,
     worker's settings (environment, read here at the edge). With `reschedule` (the `enqueue_at`
     chain) the next night is scheduled first, so a failing night does not end the chain.
     """
-    from ..config import load_settings
-    from ..identity import acting, resolve
+    from ..config.identity import acting, resolve
+    from ..config.settings import load_settings
     from ..ledger import connect
     from .night import run_night
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..datafiles import find
+from ..common.datafiles import find
 from ..errors import SpecError
 from ..train.ggpo_config import GgpoConfig
 from .corpus import CorpusSource

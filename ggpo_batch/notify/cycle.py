@@ -12,7 +12,7 @@ from .delivery import deliver_due
 from .observe import observe
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..config.settings import Settings
     from ..ledger import Ledger
 
 log = logging.getLogger(__name__)

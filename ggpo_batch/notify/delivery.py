@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..config.notify_targets import NotifyTargets, Sink
 from ..ledger.notifications import DeliveryOutcome
 from ..ledger.schema import Notification, NotificationDelivery, utcnow
 from .senders import SendFailed, send
-from .targets import NotifyTargets, Sink
 
 if TYPE_CHECKING:
     from ..ledger import Ledger

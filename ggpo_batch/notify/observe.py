@@ -8,11 +8,11 @@ import logging
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from ..contracts import notices as kinds
 from ..ledger.schema import utcnow
-from . import kinds
 
 if TYPE_CHECKING:
-    from ..config import Settings
+    from ..config.settings import Settings
     from ..ledger import Ledger
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .targets import NotifyTargets
+from ..config.notify_targets import NotifyTargets
 
 if TYPE_CHECKING:
     from ..ledger import Ledger

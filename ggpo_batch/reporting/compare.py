@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ..outcome import OUTCOME_METRICS
+from ..contracts.arm_train import changes_text
+from ..contracts.outcome import OUTCOME_METRICS
 from . import stats
 from .fairness import warning
 
@@ -79,5 +80,13 @@ def compare_reports(a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any
         warnings.append(warning("decoding_differs", [], f"evaluation decoding: {la} {dec_a}, {lb} {dec_b}"))
     for lab, rep in ((la, a), (lb, b)):
         warnings += [{**w, "message": f"{lab}: {w['message']}", "side": lab} for w in rep.get("warnings", [])]
+    changes = {arm: {"a": (a.get("changes") or {}).get(arm, {}), "b": (b.get("changes") or {}).get(arm, {})}
+               for arm in arms}
+    differ = [arm for arm, row in changes.items() if arm in a["arms"] and arm in b["arms"] and row["a"] != row["b"]]
+    if differ:
+        warnings.insert(0, warning("arm_changes_differ", differ, "arms that change other fields against the "
+                                   "baseline in A and in B: " + "; ".join(
+                                       f"{arm}: {changes_text(changes[arm]['a'])} | {changes_text(changes[arm]['b'])}"
+                                       for arm in differ)))
     return {"compare": [la, lb], "baseline": base, "arms": out_arms, "paired_vs_baseline": paired,
-            "warnings": warnings, "a": a, "b": b}
+            "changes": changes, "warnings": warnings, "a": a, "b": b}

@@ -14,10 +14,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, TextIO
 
-from ..accounting import attempt_gpu_hours, disagrees
+from ..contracts.accounting import attempt_gpu_hours, disagrees
+from ..contracts.run_record import AUX_COST_KEYS, COST_KEYS, COUNT_KEYS
 from ..errors import LedgerError
 from ..ledger import Ledger
-from ..run_record import AUX_COST_KEYS, COST_KEYS, COUNT_KEYS
 from .report import run_gpu_hours
 
 log = logging.getLogger(__name__)
@@ -140,8 +140,8 @@ def export_ledger(ledger: Ledger, out: TextIO, *, fmt: str, table: str | None = 
         name = table or "runs"
         return write_csv(iter_rows(ledger, name, experiment), RUN_COLUMNS if name == "runs" else ATTEMPT_COLUMNS,
                          out)
-    # JSON, written as it is read; its schema number first (ggpo_batch/schemas.py).
-    from ..schemas import stream_head
+    # JSON, written as it is read; its schema number first (ggpo_batch/common/schemas.py).
+    from ..common.schemas import stream_head
 
     n = 0
     names = [name for name in ("attempts", "runs") if table in (None, name)]

@@ -8,7 +8,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from ..outcome import OUTCOME_METRICS
+from ..contracts.outcome import OUTCOME_METRICS
 from .render import ci
 
 MAIN_METRIC = OUTCOME_METRICS[0]  # reward on every held-out item

@@ -3,7 +3,7 @@ arm their mean over seeds with a band (the lowest and highest seed) on a common 
 
 Finished runs' curves come from the ledger (`curve_points`, booked by settlement: a few queries
 whatever the count of runs); with `jobs_dir`, the curves of runs still training come from the curve
-file their job appends to (ggpo_batch/curve.py), so the dashboard's curves grow while they train.
+file their job appends to (ggpo_batch/contracts/curve.py), so the dashboard's curves grow while they train.
 `report --plot` draws the arms' curves (curve_plots.py), the dashboard the same as SVG.
 """
 
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..curve import read_curve
+from ..contracts.curve import read_curve
+from ..contracts.run_record import audit_failed
 from ..errors import LedgerError
 from ..ledger import Ledger
 from ..ledger.schema import Run
-from ..run_record import audit_failed
 
 # What report and dashboard draw against loop seconds.
 CURVE_METRICS = ("mean_reward", "kl")
@@ -74,7 +74,7 @@ def run_curves(ledger: Ledger, experiment_id: int, runs: Sequence[Run], *, jobs_
     finished run's from the ledger."""
     out: dict[str, RunCurve] = {}
     if jobs_dir is not None:
-        from ..joblogs import job_folder
+        from .joblogs import job_folder
 
         live = [r for r in runs if r.state == "running" and r.attempts and r.attempts[-1].state == "running"]
         for run in live[:LIVE_RUNS_MAX]:
@@ -120,10 +120,11 @@ def arm_curve(runs: Sequence[RunCurve], metric: str, grid: Sequence[float]) -> d
     series = [s for s in series if s[0]]
     out: dict[str, list[Any]] = {"loop_seconds": [], "mean": [], "low": [], "high": [], "runs": []}
     for t in grid:
-        here = [v for xs, ys in series if (v := _at(xs, ys, t)) is not None]
+        here = [v for xs, ys in series if (v := _at(xs, ys, t)) is not None and math.isfinite(v)]
         if here:
             out["loop_seconds"].append(t)
-            out["mean"].append(math.fsum(here) / len(here))
+            # Each value divided first: figures near the float limit (+-1e308) sum without overflow.
+            out["mean"].append(math.fsum(v / len(here) for v in here))
             out["low"].append(min(here))
             out["high"].append(max(here))
             out["runs"].append(len(here))
@@ -142,7 +143,10 @@ def _at(xs: Sequence[float], ys: Sequence[float], t: float) -> float | None:
     if xs[i] == t or i == 0:
         return ys[i]
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (t - x0) / (x1 - x0) if x1 > x0 else y1
+    if not x1 > x0:
+        return y1
+    f = (t - x0) / (x1 - x0)
+    return y0 * (1 - f) + y1 * f  # not y0 + (y1 - y0) * f: y1 - y0 overflows for +-1e308
 
 
 def has_points(data: Mapping[str, Any]) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..outcome import METRIC_LABELS, OUTCOME_METRICS
+from ..contracts.outcome import METRIC_LABELS, OUTCOME_METRICS
 
 log = logging.getLogger(__name__)
 

@@ -12,15 +12,15 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from ..run_provenance import COMPARED
+from ..contracts.provenance import COMPARED
 from .fairness import warning
 
 KINDS = {"code": "code_differs", "environment": "environment_differs", "hardware": "hardware_differs"}
 _LABELS = {"uncommitted_sha256": "uncommitted changes", "installed_sha256": "installed files",
            "wheel_sha256": "wheel", "distributions_sha256": "installed distributions", "image_digest": "image",
            "accelerator_memory_gib": "accelerator memory (GiB)", "accelerators": "accelerators per node",
-           "cpu": "CPU"}
-_HASHES = ("commit", "uncommitted_sha256", "installed_sha256", "wheel_sha256", "distributions_sha256",
+           "cpu": "CPU", "reward_sha256": "reward files"}
+_HASHES = ("commit", "uncommitted_sha256", "reward_sha256", "installed_sha256", "wheel_sha256", "distributions_sha256",
            "image_digest")
 _RUNS_NAMED = 8  # runs named per value at most
 _DISTRIBUTIONS_NAMED = 8

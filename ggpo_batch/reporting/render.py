@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ..outcome import OUTCOME_METRICS
+from ..common.printable import printable
+from ..contracts.arm_train import changes_text
+from ..contracts.outcome import OUTCOME_METRICS
 from . import stats
 from .compare import COMPARED_METRICS
 from .fairness import LOOP_TIME_TOLERANCE, OVERSHOOT_TOLERANCE
@@ -92,14 +94,23 @@ def report_tables(data: Mapping[str, Any]) -> list[Table]:
                            "-" if a["eval_items"]["mean"] is None else f"{a['eval_items']['mean']:g}",
                            ", ".join(a.get("decoding", [])) or "-"])
         out.append(t)
+    changes = data.get("changes") or {}
+    if any(changes.values()):
+        t = Table(f"{heading(data)}: what each arm changes against the baseline {data.get('baseline')!r}",
+                  ["arm", "changes"])
+        t.rows += [[arm, changes_text(c) if arm != data.get("baseline") else "(baseline)"] for arm, c in changes.items()]
+        out.append(t)
     paired = data.get("paired_vs_baseline") or {}
+    from .powered import look_label
+
+    looked = {arm: look_label(r.get("look")) for arm, r in ((data.get("power") or {}).get("arms") or {}).items()}
     if any(m in d for d in paired.values() for m in OUTCOME_METRICS):
         t = Table(f"arm - {data['baseline']}, paired by seed on the same items{outcome_set_label(data)}: Δ reward, "
                   f"mean [95 % interval]",
                   ["arm", "seeds", *(f"Δ {SHORT[m]}" for m in OUTCOME_METRICS)])
         for arm, d in paired.items():
             n = max((d[m]["n"] for m in OUTCOME_METRICS if m in d), default=0)
-            t.rows.append([arm, str(n), *(ci(d.get(m), signed=True) for m in OUTCOME_METRICS)])
+            t.rows.append([arm + looked.get(arm, ""), str(n), *(ci(d.get(m), signed=True) for m in OUTCOME_METRICS)])
         out.append(t)
     if arms:
         t = Table(f"{heading(data)}: cost per arm, mean ± sample std over n runs",
@@ -118,7 +129,8 @@ def report_tables(data: Mapping[str, Any]) -> list[Table]:
         t = Table(f"arm - {data['baseline']}, paired by seed (mean ± std over n seeds; 95 % interval of Δ steps)",
                   ["arm", "n", "Δ steps", "Δ steps 95 %", "Δ GPU-h", "Δ overshoot", "Δ generated tok"])
         for arm, d in paired.items():
-            t.rows.append([arm, str(len(d["seeds"])), ms(d["steps"], 1), ci(d["steps"], 1, signed=True),
+            t.rows.append([arm + looked.get(arm, ""), str(len(d["seeds"])), ms(d["steps"], 1),
+                           ci(d["steps"], 1, signed=True),
                            ms(d["allocated_gpu_hours"], 4), ms(d["overshoot_fraction"], 2, pct=True),
                            ms(d.get("backend_generated_tokens"), 0)])
         out.append(t)
@@ -138,6 +150,11 @@ def compare_tables(c: Mapping[str, Any]) -> list[Table]:
             t.rows.append([arm, SHORT.get(m, m.replace("_", " ")), ci(x["a"], digits), ci(x["b"], digits),
                            ci(x["b_minus_a"], digits, signed=True)])
     out = [t]
+    changes = c.get("changes") or {}
+    if any(side for row in changes.values() for side in row.values()):
+        t = Table(f"what each arm changes against the baseline {c['baseline']!r}, in A and in B", ["arm", "A", "B"])
+        t.rows += [[arm, changes_text(row["a"]), changes_text(row["b"])] for arm, row in changes.items()]
+        out.append(t)
     if c["paired_vs_baseline"]:
         t = Table(f"arm - {c['baseline']} paired by seed, in A and in B: Δ, mean [95 % interval]",
                   ["arm", "figure", "Δ in A", "Δ in B", "B - A"])
@@ -157,7 +174,7 @@ def outcome_set_label(data: Mapping[str, Any]) -> str:
 
 
 def footer_lines(data: Mapping[str, Any]) -> list[str]:
-    """Spend, audit failures, unreconciled budgets and decisions, as sentences."""
+    """Spend, audit failures, unreconciled budgets, what the seeds could detect and decisions, as sentences."""
     tot = data["totals"]
     decided = tot["decided_not_spent_gpu_hours"]
     evaluations = tot.get("evaluation_gpu_hours") or 0.0
@@ -173,6 +190,9 @@ def footer_lines(data: Mapping[str, Any]) -> list[str]:
     if tot.get("budget_not_reconciled_runs"):
         lines.append(f"budget or exposure target not reached: {tot['budget_not_reconciled_runs']} runs "
                      f"(their arms may not be compared as matched)")
+    from .powered import summary_lines
+
+    lines += summary_lines(data.get("power") or {})
     for d in data["decisions"]:
         lines.append(f"decision {d['kind']} by {d['decided_by']} (review done: {d['review_done']}, automatic "
                      f"retry: {d['automatic_retry']}): {d['resolution']}; cost basis: {d['cost_basis']}; "
@@ -212,7 +232,7 @@ def md_text(value: object) -> str:
     """`value` as Markdown text that renders as itself, on one line: user text (a decision's reason,
     a name, a path) can neither open a heading, list, table or code block (its line breaks become
     spaces) nor emphasise, link or embed HTML."""
-    text = " ".join(str(value).split())
+    text = printable(" ".join(str(value).split()))  # and no terminal escape code for a reader who cats it
     return "".join(_MD_ENTITIES.get(c) or (f"\\{c}" if c in _MD_SPECIAL else c) for c in text)
 
 
@@ -220,7 +240,7 @@ def md_code(value: str) -> str:
     """`value` as a Markdown code span (shown verbatim, HTML included): fenced by one backtick more
     than its longest run of them; control characters (a line break in a quoted path) written as
     escapes, so the span stays on its line."""
-    text = "".join(c if c.isprintable() or c == " " else c.encode("unicode_escape").decode("ascii") for c in value)
+    text = printable(value)
     fence = "`" * (max((len(run) for run in re.findall(r"`+", text)), default=0) + 1)
     pad = " " if text.startswith("`") or text.endswith("`") else ""
     return f"{fence}{pad}{text}{pad}{fence}"

@@ -9,17 +9,19 @@ apart, `audit_failed`, per arm and in total); runs whose budget or exposure targ
 are counted as `budget_not_reconciled` (their arms may not be compared as matched).
 GPU-hours count every run that spent any, failures included, summed over all its attempts.
 
-Outcomes (`ggpo_batch/outcome.py`: the evaluation's rewards, booked per run by settlement) are
+Outcomes (`ggpo_batch/contracts/outcome.py`: the evaluation's rewards, booked per run by settlement) are
 summarised per arm with a 95 % confidence interval (`ci95` beside `mean`, `ci95_method` says which:
 `stats.py`), and differenced against the baseline arm paired by seed, on the same items: an arm's
 reward on the items it trained on minus the baseline run's reward on those items. `warnings` lists
 what makes the arms not comparable (`fairness.comparability_warnings`, and
 `provenance_checks`: runs that ran other code, environment or hardware); a report on a fair
-experiment has none. `compare.compare_reports` puts two reports side by side.
+experiment has none, unless its `[power]` table declares an effect its seeds were `underpowered`
+for. `power` (powered.py): per arm the smallest difference the seeds run could detect, and the type S
+and M errors at the declared effect. `compare.compare_reports` puts two reports side by side.
 
 Outcome sets: the figures come from the training allocation's own evaluation (`outcome_set`
 "training", `runs.outcome`), or with `outcomes=NAME` from an evaluation after training (the
-`evaluations` table, ggpo_batch/evaluations.py), summarised and paired the same way. An arm's
+`evaluations` table, ggpo_batch/control/evaluations.py), summarised and paired the same way. An arm's
 training figures (cost, attempts, retries) count its training attempts only; the GPU-hours of
 evaluations after training are `totals.evaluation_gpu_hours`, within `spent_gpu_hours`.
 """
@@ -33,17 +35,19 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ..accounting import attempt_gpu_hours
-from ..costguard import KIND_NOT_REPRODUCED
+from ..contracts.accounting import attempt_gpu_hours
+from ..contracts.arm_train import arm_changes
+from ..contracts.evaluation_spec import TRAINING_OUTCOME_SET
+from ..contracts.outcome import OUTCOME_METRICS, matched_difference
+from ..contracts.run_record import PAIRED_RECORD_METRICS, audit_failed, budget_reconciled
+from ..contracts.runspec import DEFAULT_BASELINE, spec_baseline
+from ..contracts.states import ATTEMPT_KIND_EVALUATION, HELD, KIND_NOT_REPRODUCED, TRAINING_ATTEMPT_KINDS
 from ..errors import LedgerError
-from ..evaluation_spec import TRAINING_OUTCOME_SET
 from ..ledger import Ledger
 from ..ledger.schema import Run
-from ..outcome import OUTCOME_METRICS, matched_difference
-from ..run_record import audit_failed, budget_reconciled
-from ..states import ATTEMPT_KIND_EVALUATION, TRAINING_ATTEMPT_KINDS
 from . import stats
 from .fairness import comparability_warnings, notes
+from .powered import power_block, with_recorded
 from .provenance_checks import provenance_notes, provenance_warnings
 from .status import decision_row
 
@@ -51,7 +55,7 @@ EXPOSURE_KEYS = ("actual_exposed", "target_exposed", "exposed_with_nonzero_advan
                  "shared_trajectories")
 EVALUATION_KINDS = frozenset({ATTEMPT_KIND_EVALUATION})
 # Per-seed metrics differenced against the baseline arm.
-PAIRED_METRICS = ("steps", "allocated_gpu_hours", "overshoot_fraction", "loop_seconds", "elapsed_seconds")
+PAIRED_METRICS = PAIRED_RECORD_METRICS
 
 
 
@@ -225,6 +229,15 @@ def _paired(by_arm: Mapping[str, Sequence[Mapping[str, Any]]], baseline: str) ->
     return out
 
 
+def _held_notes(runs: Sequence[Run], name: str, exp: Any) -> list[str]:
+    """Runs held off the queue (a canary's, a later wave's): not failed, not run yet."""
+    held = sum(1 for r in runs if r.state == HELD)
+    if not held:
+        return []
+    return [f"{held} of {len(runs)} runs are held (in the ledger, not queued: waiting for a canary or an earlier "
+            f"wave); `ggpo-batch release {name}@{exp.version}` queues them, `ggpo-batch cancel` cancels them"]
+
+
 def _decided_not_spent(runs: Sequence[Run], decisions: Sequence[Any]) -> float | None:
     decided = [r for r in runs if r.state == "not_reproduced"]
     if decided:
@@ -248,9 +261,17 @@ def _outcomes(ledger: Ledger, exp: Any, name: str | None) -> tuple[str, list[str
     return name, sets, ledger.outcomes(exp.id) if name == TRAINING_OUTCOME_SET else ledger.outcome_set(exp.id, name)
 
 
+def experiment_baseline(ledger: Ledger, exp: Any, arms_run: Sequence[str],
+                        spec: Mapping[str, Any] | None = None) -> str:
+    """The baseline of a ledger experiment: its spec's `[experiment] baseline`, else the default
+    resolution over the spec's arms in their order (an imported record: the arms it ran)."""
+    return spec_baseline(ledger.experiment_spec(exp.id) if spec is None else spec, arms_run)
+
+
 def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = None,
-                      baseline: str = "clean", outcomes: str | None = None) -> dict[str, Any]:
+                      baseline: str | None = None, outcomes: str | None = None) -> dict[str, Any]:
     """The report of one experiment version (default: the latest); decisions alone if it never ran.
+    `baseline`: the arm the others are paired against (default: the spec's, `experiment_baseline`).
     `outcomes`: the outcome set the outcome figures come from (default: the training allocation's own
     evaluation; else an evaluation after training, `ggpo-batch evaluate --name`)."""
     versions = ledger.experiments(experiment)
@@ -278,9 +299,14 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
     spent = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
     evaluation_spent = math.fsum(h for r in runs if (h := run_gpu_hours(r, EVALUATION_KINDS)) is not None)
     estimates = [r.estimated_gpu_hours for r in runs if r.estimated_gpu_hours is not None]
+    spec = ledger.experiment_spec(exp.id) if exp is not None else {}
+    if baseline is None:
+        baseline = experiment_baseline(ledger, exp, sorted(by_arm), spec) if exp is not None else DEFAULT_BASELINE
     has_baseline = baseline in by_arm
     train = {json.dumps((r.run_spec or {}).get("train") or {}, sort_keys=True) for r in runs}
-    return {
+    # Arms that change [train] run with different tables: the spec's own, their overrides in `changes`.
+    common = json.loads(next(iter(train))) if len(train) == 1 else spec.get("train")
+    out: dict[str, Any] = {
         "experiment": experiment,
         "version": exp.version if exp else None,
         "method": exp.method if exp else None,
@@ -288,12 +314,14 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "gpus": exp.gpus if exp else None,
         "baseline": baseline if baseline in by_arm else None,
         "requested_baseline": baseline,
-        "train": json.loads(next(iter(train))) if len(train) == 1 else None,
+        "train": common,
+        # What each arm changes against the baseline: field -> [baseline's, arm's] (contracts/arm_train.py)
+        "changes": {arm: arm_changes(spec, arm, baseline) for arm in sorted(by_arm)},
         "outcome_set": outcome_set,  # whose figures `outcome` shows ("training": the allocation's own)
         "outcome_sets": outcome_sets,
         "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
         + provenance_warnings(by_arm, ledger.distributions) if runs else [],
-        "notes": notes(by_arm) + provenance_notes(by_arm),
+        "notes": notes(by_arm) + provenance_notes(by_arm) + _held_notes(runs, experiment, exp),
         "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
         "paired_vs_baseline": _paired(by_arm, baseline) if has_baseline else {},
         "totals": {
@@ -309,3 +337,9 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         },
         "decisions": [decision_row(d) for d in mine],
     }
+    # Was it powered: per arm what the seeds run could detect ([power] metric, else eval_reward)
+    out["power"], underpowered = power_block(out, spec.get("power"))
+    if out["power"] and exp is not None and (spec.get("power") or {}).get("design") == "sequential":
+        with_recorded(out["power"], ledger.looks(exp.id))  # the looks reconcile took (control/waves.py)
+    out["warnings"] += underpowered
+    return out

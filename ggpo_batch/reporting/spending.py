@@ -19,7 +19,7 @@ import math
 from datetime import UTC, date, datetime
 from typing import Any
 
-from ..accounting import COST_GROUPS
+from ..contracts.accounting import COST_GROUPS
 from ..ledger import Ledger
 
 

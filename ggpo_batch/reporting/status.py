@@ -15,15 +15,16 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from ..accounting import attempt_gpu_hours, disagrees
-from ..continuation import label as continuation_label
-from ..heartbeat import HUNG_AFTER_SECONDS, is_hung, progress_text
+from ..contracts.accounting import attempt_gpu_hours, disagrees
+from ..contracts.arm_train import arm_changes
+from ..contracts.heartbeat import HUNG_AFTER_SECONDS, is_hung, progress_text
+from ..contracts.run_record import audit_failed, budget_reconciled
+from ..contracts.runspec import run_lifecycle, spec_baseline
+from ..contracts.states import ATTENTION_RUN_STATES, HELD
 from ..ledger import Ledger
 from ..ledger.heartbeats import attempt_heartbeat
 from ..ledger.schema import Attempt, Run
 from ..ledger.summaries import ArmTotals
-from ..run_record import audit_failed, budget_reconciled
-from ..states import ATTENTION_RUN_STATES
 
 
 def _attempt_cost(a: Attempt) -> float | None:
@@ -101,6 +102,8 @@ def state_label(row: dict[str, Any]) -> str:
 
 def _state_label(row: dict[str, Any]) -> str:
     state, hb = row["state"], row.get("heartbeat")
+    if state == HELD:
+        return "held, not queued until released"
     if state != "running":
         return f"{state}, audit failed" if row.get("audit_failed") else state
     if row.get("hung"):
@@ -208,6 +211,8 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             "view": "attention" if attention else "runs",
             "runs_not_shown": max(0, listed - limit) if limit is not None else 0,
             "arms": {arm: _totals(cs) for arm, cs in sorted(by_arm.items())},
+            # what each arm changes against the baseline (contracts/arm_train.py): field -> [baseline's, arm's]
+            **_changes(ledger, exp, sorted(by_arm)),
             "totals": _totals(cells),
             "estimated_gpu_hours": _sum_known(c.estimated_gpu_hours for c in cells),  # of the runs in view
             "decided_runs": sum(c.runs for c in cells if c.state == "not_reproduced"),
@@ -224,6 +229,13 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
         runs = ledger.status_runs(exp.id, states=present, attention=attention, limit=limit)
         live = {"hung_after": hung_after, "now": now, "evaluations": evaluations}
         yield summary, _rows(runs, exp.queue or "", positions, bounded=limit is not None, live=live)
+
+
+def _changes(ledger: Ledger, exp: Any, arms: list[str]) -> dict[str, Any]:
+    """{"baseline", "changes"} of an experiment version shown with `arms`."""
+    spec = ledger.experiment_spec(exp.id) if len(arms) > 1 else {}
+    baseline = spec_baseline(spec, arms)
+    return {"baseline": baseline, "changes": {arm: arm_changes(spec, arm, baseline) for arm in arms}}
 
 
 def _provenance(run: Run, extra: dict[str, Any] | None) -> dict[str, Any]:
@@ -271,3 +283,18 @@ def decision_row(d: Any) -> dict[str, Any]:
             "available_budget": d.available_budget, "resolution": d.resolution, "review_done": d.review_done,
             "automatic_retry": d.automatic_retry, "decided_by": d.decided_by,
             "decided_at": d.decided_at.isoformat() if d.decided_at else None, "reason": d.reason}
+
+
+def continuations(run: Run) -> int:
+    """How many times the run has continued past a time limit: its attempts that ended `timeout`,
+    but the last one when the run itself ended `timeout` (that one ended it)."""
+    timeouts = sum(1 for a in run.attempts if a.state == "timeout")
+    return max(0, timeouts - 1) if run.state == "timeout" else timeouts
+
+
+def continuation_label(run: Run) -> str | None:
+    """`continued after time limit (2 of 3)`, for a run that has continued; else None."""
+    n = continuations(run)
+    if not n:
+        return None
+    return f"continued after time limit ({n} of {run_lifecycle(run.run_spec)[1]})"

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from .. import spec_fields
+from ..contracts import spec_fields
 from ..errors import SpecError
 from .ggpo_config import GgpoConfig
+from .task_config import RETRIEVAL_QA, TaskConfig, data_columns, resolve_reward_paths, task_rules
 
-# Every key's default, bounds and meaning: the spec's field table (ggpo_batch/spec_fields.py).
+# Every key's default, bounds and meaning: the spec's field table (ggpo_batch/contracts/spec_fields.py).
 _D = spec_fields.default
 ROLLOUT_BACKENDS: tuple[str, ...] = spec_fields.field("train.rollout").choices
 PRECISIONS: tuple[str, ...] = spec_fields.field("train.precision").choices
@@ -53,7 +54,7 @@ class ModelConfig:
 
     @classmethod
     def from_table(cls, table: Any, path: str) -> ModelConfig:
-        from .chat_template import validate_kwargs
+        from .pretrained.chat_template import validate_kwargs
 
         t = _subtable(table, path, "model")
         if "path" not in t:
@@ -76,22 +77,27 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """`[train.data]`: JSONL files (format in docs/researcher.md, "Real models and data"). Exposure arms take
-    their held-out items from `eval`."""
+    """`[train.data]`: JSONL or Parquet files, by suffix (format in docs/researcher.md, "Real models and data");
+    `columns` maps the task's fields to the files' columns. Exposure arms take their held-out items from `eval`."""
 
     train: str
     eval: str
-    passages: str
+    passages: str | None = None  # retrieval QA's (required there); refused for a single-turn task
+    columns: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_table(cls, table: Any, path: str) -> DataConfig:
         t = _subtable(table, path, "data")
-        for key in DATA_KEYS:
+        for key in ("train", "eval"):
             if key not in t:
-                raise SpecError(path, f"train.data.{key}", "is required (a JSONL file)")
-        values = {k: _coerce(v, "", path, f"data.{k}") for k, v in t.items()}
-        for key, value in values.items():
-            if not value.strip():
+                raise SpecError(path, f"train.data.{key}", "is required (a JSONL or Parquet file)")
+        values: dict[str, Any] = {}
+        for key, value in t.items():
+            if key == "columns":
+                values[key] = data_columns(value, path)
+                continue
+            values[key] = _coerce(value, "", path, f"data.{key}")
+            if not values[key].strip():
                 raise SpecError(path, f"train.data.{key}", "must not be empty")
         return cls(**values)
 
@@ -111,7 +117,7 @@ def resolve_paths(table: Mapping[str, Any], base: Path) -> dict[str, Any]:
     relative paths taken from `base` (the spec file's folder), so the run spec names the same files
     wherever the job runs. A model path that is not a directory and reads as a hub id ("org/name")
     is kept: it is resolved from the local Hugging Face cache where the model is loaded."""
-    from .hf import looks_like_hub_id
+    from .pretrained.hf import looks_like_hub_id
 
     out = dict(table)
 
@@ -131,7 +137,9 @@ def resolve_paths(table: Mapping[str, Any], base: Path) -> dict[str, Any]:
             model["path"] = absolute(model["path"], hub_ok=True)
         out["model"] = model
     if isinstance(table.get("data"), Mapping):
-        out["data"] = {k: absolute(v, hub_ok=False) for k, v in table["data"].items()}
+        out["data"] = {k: v if k == "columns" else absolute(v, hub_ok=False) for k, v in table["data"].items()}
+    if isinstance(table.get("task"), Mapping):
+        out["task"] = resolve_reward_paths(table["task"], lambda v: absolute(v, hub_ok=False))
     return out
 
 
@@ -145,6 +153,7 @@ class TrainConfig(GgpoConfig):
     # below, built from config over the byte vocabulary (no download; the nightly tier, CPU tests).
     model: ModelConfig | None = None
     data: DataConfig | None = None  # `[train.data]` files; without it the generated corpus (task.synthetic)
+    task: TaskConfig | None = None  # `[train.task]`; without it retrieval QA and its verifier
     n_embd: int = _D("train.n_embd")
     n_layer: int = _D("train.n_layer")
     n_head: int = _D("train.n_head")
@@ -176,14 +185,17 @@ class TrainConfig(GgpoConfig):
     logprob_chunk_tokens: int = _D("train.logprob_chunk_tokens")
     logprob_chunk_vocab: int = _D("train.logprob_chunk_vocab")
     grad_clip: float = _D("train.grad_clip")
-    # PPO's "old" log-probs (train/ggpo.py): "policy" recomputes them with the policy before the update,
-    # no grad (verl); "rollout" uses the engine's, through a truncated importance-sampling weight
+    # PPO's "old" log-probs (train/ggpo.py): "policy" takes the policy's before the update (verl), which
+    # with one optimizer step a batch are the update's own forward's, detached (run/trainer.py
+    # `_old_logprobs`); "rollout" uses the engine's, through a truncated importance-sampling weight
     # min(exp(policy - rollout), rollout_is_cap) per token (TRL's vllm_importance_sampling_correction).
     old_logprobs: str = _D("train.old_logprobs")
     rollout_is_cap: float = _D("train.rollout_is_cap")
     aux_coef: float = _D("train.aux_coef")
     max_steps: int = _D("train.max_steps")  # 0 = no cap: the loop-time budget alone ends training
     checkpoint_every: int = _D("train.checkpoint_every")  # steps between resumable checkpoints; 0 = only on SIGUSR1/SIGTERM
+    # Consecutive failed weight-sync probes that stop the run (a failed baseline stops it at once).
+    max_failed_probes: int = _D("train.max_failed_probes")
     # Task.
     synthetic_entities: int = _D("train.synthetic_entities")
     synthetic_eval_items: int = _D("train.synthetic_eval_items")
@@ -216,6 +228,8 @@ class TrainConfig(GgpoConfig):
                 values[key] = ModelConfig.from_table(value, path)
             elif key == "data":
                 values[key] = DataConfig.from_table(value, path)
+            elif key == "task":
+                values[key] = TaskConfig.from_table(value, path)
             elif key in AUTO_KEYS:
                 if value != AUTO and not isinstance(value, bool):
                     raise SpecError(path, f"train.{key}", f"must be true, false or \"{AUTO}\", got {value!r}")
@@ -231,6 +245,7 @@ class TrainConfig(GgpoConfig):
                 raise SpecError(path, "train.precision", "with [train.model] the precision is train.model.dtype")
         if "rollout_is_cap" in values and values.get("old_logprobs", cls.old_logprobs) != "rollout":
             raise SpecError(path, "train.rollout_is_cap", "applies to train.old_logprobs = \"rollout\" only")
+        task_rules(values, path)
         cfg = cls(**values)
         cfg._validate(path)
         return cfg
@@ -238,15 +253,28 @@ class TrainConfig(GgpoConfig):
     def to_table(self) -> dict[str, Any]:
         """The `[train]` table this config reads back from (sub-tables only when set)."""
         table = dataclasses.asdict(self)
-        for key in ("model", "data", *AUTO_KEYS):
+        for key in ("model", "data", "task", *AUTO_KEYS):
             if table[key] is None:
                 del table[key]
+        if self.task is not None:
+            t = table["task"]
+            table["task"] = {"kind": t["kind"], "reward": list(t["rewards"]), "reward_weights": list(t["weights"]),
+                             "reward_timeout_seconds": t["reward_timeout_seconds"]}
+        if self.data is not None:
+            for key in ("passages", "columns"):
+                if not table["data"][key]:
+                    del table["data"][key]
         if self.model is not None:
             for key in BUILTIN_MODEL_KEYS:
                 del table[key]
         if self.old_logprobs != "rollout":
             del table["rollout_is_cap"]
         return table
+
+    @property
+    def kind(self) -> str:
+        """The task's kind: `[train.task] kind`, retrieval QA without it."""
+        return self.task.kind if self.task is not None else RETRIEVAL_QA
 
     @property
     def max_model_len(self) -> int:
@@ -259,7 +287,7 @@ class TrainConfig(GgpoConfig):
 
         # Each key's bounds and choices (the ggpo hyperparameters' among them): the spec's field table.
         for f in spec_fields.fields_of("train"):
-            problem = None if f.name in ("model", "data") else f.problem(getattr(self, f.name))
+            problem = None if f.name in ("model", "data", "task") else f.problem(getattr(self, f.name))
             if problem is not None:
                 bad(f.name, problem)
         if self.eval_temperature == 0 and self.eval_samples != 1:

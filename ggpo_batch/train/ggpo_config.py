@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from .. import spec_fields
+from ..contracts import spec_fields
 
 _D = spec_fields.default
 
@@ -14,7 +14,7 @@ class GgpoConfig:
     """Hyperparameters of the ggpo update: the one declaration. The training job's `[train]`
     (TrainConfig) and the nightly tier's `[ggpo]` (GgpoTierConfig) extend it, so a key means the
     same thing, with the same default and the same checks, everywhere: those of the spec's field
-    table (`train.<key>` in ggpo_batch/spec_fields.py)."""
+    table (`train.<key>` in ggpo_batch/contracts/spec_fields.py)."""
 
     group_size: int = _D("train.group_size")  # G rollouts per prompt
     clip_epsilon: float = _D("train.clip_epsilon")

@@ -130,7 +130,7 @@ for n in $(node_names); do
         say "started slurmd -N $n"
     fi
 done
-node_idle() { [[ "$(sinfo -h -N -o %t -n "$1")" =~ ^(idle|mix|alloc)$ ]]; }
+node_idle() { [[ "$(sinfo -h -N -o %t -n "$1" -p "$PARTITION")" =~ ^(idle|mix|alloc)$ ]]; }
 for n in $(node_names); do
     if ! node_idle "$n"; then
         # a node left DOWN/DRAIN by an earlier crash comes back

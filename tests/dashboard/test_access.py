@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ggpo_batch.config import dashboard_token
+from ggpo_batch.config.settings import dashboard_token
 from ggpo_batch.dashboard.access import bind_problem, is_local, scrub
 from ggpo_batch.errors import ConfigError
 

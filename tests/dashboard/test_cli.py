@@ -41,8 +41,8 @@ def test_help_teaches_the_options_and_the_token_rule() -> None:
 SERVE_EVERY_PAGE = """
 import sys, threading, time, urllib.request, urllib.error
 import uvicorn
-from ggpo_batch.config import load_settings
-from ggpo_batch.dashboard.app import create_app
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.dashboard.routes import create_app
 server = uvicorn.Server(uvicorn.Config(create_app(load_settings()), host="127.0.0.1", port=0, log_level="error"))
 threading.Thread(target=server.run, daemon=True).start()
 while not server.started:

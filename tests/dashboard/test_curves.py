@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.allocation import attempt_folder, details_path
-from ggpo_batch.curve import FIGURES, points_of
+from ggpo_batch.contracts.allocation import attempt_folder, details_path
+from ggpo_batch.contracts.curve import FIGURES, points_of
+from ggpo_batch.contracts.provenance import read_provenance, split_distributions
 from ggpo_batch.ledger import connect
-from ggpo_batch.run_provenance import read_provenance, split_distributions
 from tests.dashboard.conftest import Browsed
 from tests.dashboard.server import Dashboard, get, ggpo
 from tests.support.paths import REPO

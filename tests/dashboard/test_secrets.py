@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.allocation import attempt_folder
+from ggpo_batch.contracts.allocation import attempt_folder
 from tests.dashboard.conftest import Browsed
 from tests.dashboard.server import Dashboard, cli_env, get, ggpo
 from tests.support.services import REDIS_URL, wipe_pg

@@ -54,11 +54,13 @@ class PrivateCluster:
     def url(self) -> str:
         return self.url_of()
 
-    def start(self) -> None:
+    def start(self, *, settings: dict[str, str] | None = None, env: dict[str, str] | None = None) -> None:
+        """Start it; `settings` are more `-c name=value` server settings, `env` more of the server's environment."""
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
+        opts += "".join(f" -c {name}={value}" for name, value in (settings or {}).items())
         subprocess.run(_as_postgres([_bin("pg_ctl"), "-D", str(self.data), "-o", opts, "-l",
                                      str(self.root / "log"), "-w", "-t", "30", "start"]), check=True,
-                       capture_output=True)
+                       capture_output=True, env={**os.environ, **(env or {})})
 
     def stop(self) -> None:
         subprocess.run(_as_postgres([_bin("pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop"]),

@@ -24,7 +24,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, text
 
 from ggpo_batch.cli import cli
-from ggpo_batch.netutil import free_port
+from ggpo_batch.common.netutil import free_port
 from tests.support.paths import REPO, SEED_000
 from tests.support.specs import DEBUG_SPEC
 from tests.support.unprivileged import unprivileged_prefix
@@ -194,7 +194,7 @@ def test_1_read_only_ledger_folder_and_lock_file_are_one_line(tmp_path: Path) ->
 def test_1_concurrent_import_of_one_file_is_already_imported_not_a_crash(ledger) -> None:  # type: ignore[no-untyped-def]
     """The loser of two concurrent imports of the same file hits the unique (name, version) key:
     it reports "already imported" (created False); the ledger holds one experiment."""
-    from ggpo_batch.importer import import_results
+    from ggpo_batch.control.importer import import_results
 
     import_results(ledger, SEED_000, actor="a")
     events = len(ledger.events())
@@ -352,10 +352,10 @@ def test_3_one_bad_run_does_not_stop_reconcile_for_the_others(ledger, settings, 
     other is still resolved; the bad one is counted and logged."""
     from datetime import timedelta
 
-    from ggpo_batch.enqueue import enqueue_spec
-    from ggpo_batch.queue import RunQueue
-    from ggpo_batch.reconcile import reconcile
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.control.enqueue import enqueue_spec
+    from ggpo_batch.control.queue import RunQueue
+    from ggpo_batch.control.reconcile import reconcile
+    from ggpo_batch.spec.parse import load_spec
 
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC.format(name="rb"))
@@ -377,7 +377,7 @@ def test_3_one_bad_run_does_not_stop_reconcile_for_the_others(ledger, settings, 
 
 def test_4_enqueue_again_after_a_redis_outage_puts_the_stranded_runs_back(upgraded: dict[str, str],
                                                                          redis_url: str, tmp_path: Path) -> None:
-    from ggpo_batch.queue import RunQueue
+    from ggpo_batch.control.queue import RunQueue
 
     spec = tmp_path / "s.toml"
     spec.write_text(SPEC.format(name="outage"))
@@ -449,7 +449,7 @@ def test_5_import_of_a_fifo_or_a_device_is_refused_before_reading(upgraded: dict
 
 
 def test_5_import_file_over_the_size_limit_is_refused_before_reading(upgraded: dict[str, str], tmp_path: Path) -> None:
-    from ggpo_batch import limits
+    from ggpo_batch.common import limits
 
     big = tmp_path / "big.json"
     with big.open("wb") as fh:
@@ -490,7 +490,7 @@ def test_6_passwords_with_every_reserved_character_are_never_printed(char: str, 
     """Raw or percent-encoded, a password holding any reserved character stays out of every error."""
     from urllib.parse import quote
 
-    from ggpo_batch.config import redact
+    from ggpo_batch.config.secrets import redact
 
     password = f"Qx{char}Zk7{char}Wv9"
     pieces = [p for p in password.split(char) if p]
@@ -511,7 +511,7 @@ def test_6_passwords_with_every_reserved_character_are_never_printed(char: str, 
 
 
 def test_6_redaction_is_a_parse_not_a_pattern() -> None:
-    from ggpo_batch.config import redact
+    from ggpo_batch.config.secrets import redact
 
     msg = "redis://:a@b@h:1/0 and postgresql+psycopg://u:p:q@h/db?x=1 and sqlite:////tmp/a@b/l.db failed"
     out = redact(msg)
@@ -553,7 +553,7 @@ def test_7_usage_errors_are_one_line(args: list[str]) -> None:
 
 
 def test_limits_are_read_from_the_schema() -> None:
-    from ggpo_batch import limits
+    from ggpo_batch.common import limits
     from ggpo_batch.ledger.schema import Event, Run
 
     assert limits.ARM_NAME_MAX == Run.arm.property.columns[0].type.length

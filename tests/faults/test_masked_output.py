@@ -3,7 +3,7 @@ ledger's, MLflow's) and the dashboard's token, quoted in a decision's reason and
 failed attempt's cause and in a job's log, are masked by every command that shows them -- `status`
 (tables, JSON), `report` (text, JSON, Markdown, HTML files), `logs` (whole, tail, followed to the
 end), `ledger export` (CSV and JSON, stdout and file) -- as the dashboard masks them
-(ggpo_batch/masking.py, one place). On SQLite, and on PostgreSQL reached with a password (the test
+(ggpo_batch/config/masking.py, one place). On SQLite, and on PostgreSQL reached with a password (the test
 server trusts every connection, so any password is accepted, and must stay hidden)."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch.allocation import attempt_folder
 from ggpo_batch.cli import cli
-from ggpo_batch.joblogs import log_path
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
+from ggpo_batch.reporting.joblogs import log_path
 
 DB_PW = "Db-pw-8Qz1-masked"
 MLFLOW_PW = "Ml-pw-3Kx9-masked"

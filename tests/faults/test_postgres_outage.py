@@ -8,10 +8,9 @@ import time
 
 import pytest
 
-from ggpo_batch.ledger import connect, upgrade
+from ggpo_batch.common.netutil import free_port
+from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
-from ggpo_batch.ledger import NewRun
-from ggpo_batch.netutil import free_port
 
 from .pgcluster import PrivateCluster
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight
-from ggpo_batch.spec import load_spec
-from ggpo_batch.train.tiny_hf import build_qa_set
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
+from ggpo_batch.train.task.tiny_hf import build_qa_set
 from tests.faults.test_hostile_inputs import (
     assert_refused,
     fingerprint,
@@ -76,7 +76,7 @@ def test_a_data_line_at_the_parsers_limits_is_one_line_naming_file_line_and_fiel
 
 
 def test_a_data_line_longer_than_the_limit_is_refused_unread(tmp_path: Path, qa: dict[str, Path]) -> None:
-    from ggpo_batch.train.task import DATA_LINE_MAX_BYTES
+    from ggpo_batch.train.task.qa import DATA_LINE_MAX_BYTES
 
     bad = tmp_path / "passages.jsonl"
     with open(bad, "wb") as fh:

@@ -14,10 +14,11 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
-from ggpo_batch.config import load_settings, redact
+from ggpo_batch.common.netutil import free_port
+from ggpo_batch.config.secrets import redact
+from ggpo_batch.config.settings import load_settings
 from ggpo_batch.errors import ConfigError
 from ggpo_batch.executor.base import job_name
-from ggpo_batch.netutil import free_port
 
 REDIS_PW = "pw-Zx81-not-for-print"
 DB_PW = "db-Qq27-not-for-print"
@@ -60,7 +61,7 @@ def tls_redis(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unty
 
 def test_tls_password_redis_works_and_no_password_is_printed(env, tls_redis: str, tmp_path: Path,  # type: ignore[no-untyped-def]
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    from ggpo_batch.queue import RunQueue
+    from ggpo_batch.control.queue import RunQueue
 
     secret_file = tmp_path / "redis-url"
     secret_file.write_text(tls_redis + "\n")
@@ -137,8 +138,8 @@ def test_redact_covers_every_url_in_a_message() -> None:
 
 
 def test_ledger_records_the_submitting_user(ledger, settings, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from ggpo_batch.enqueue import enqueue_spec
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.control.enqueue import enqueue_spec
+    from ggpo_batch.spec.parse import load_spec
 
     spec = tmp_path / "s.toml"
     spec.write_text('[experiment]\nname = "who"\nmethod = "ggpo"\nseeds = [1]\nexecutor = "debug"\n'

@@ -1,5 +1,5 @@
-"""Faults on the Slurm side while allocations run: slurmctld restarted, a preemption (USR2 through
-`scancel --signal`), a node failing (`scontrol update state=down`), a job cancelled from outside.
+"""Faults on the Slurm side while allocations run: slurmctld restarted, a real preemption (a job of
+the dev cluster's urgent partition takes the node: tests/support/slurm.py `preempt`), a node failing (`scontrol update state=down`), a job cancelled from outside.
 What must hold: every attempt is booked with sacct's own GPU-hours (AllocTRES gres/gpu x ElapsedRaw),
 and a run is retried only where its spec allows infrastructure retries, each retry its own attempt."""
 
@@ -11,18 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.queue import RunQueue
+from ggpo_batch.control.reconcile import reconcile
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
-from ggpo_batch.queue import RunQueue
-from ggpo_batch.reconcile import reconcile
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support import slurm_jobs as jobs
 from tests.support.paths import DEV_CLUSTER_STATE, PROFILES
 from tests.support.slurm import (
     cancel_tagged,
+    preempt,
     release_requeue_hold,
     sacct_gpu_hours,
     slurm_jobs,
@@ -119,12 +120,6 @@ def test_slurmctld_restarted_while_jobs_run_accounting_still_complete(ledger, se
           f"({'; '.join(figures)})")
 
 
-def _preempt(job_id: str) -> None:
-    """A preemption as Slurm delivers one to a submitit job: SIGTERM, then the USR2 it checkpoints on."""
-    run_command(["scancel", "--signal=TERM", job_id])
-    run_command(["scancel", "--signal=USR2", job_id])
-
-
 def test_preempted_without_retries_fails_the_run_with_no_new_attempt(ledger, settings, slurm, tmp_path, tag):  # type: ignore[no-untyped-def]
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=0)
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
@@ -133,7 +128,7 @@ def test_preempted_without_retries_fails_the_run_with_no_new_attempt(ledger, set
     # RUNNING, and the SIGTERM killed it (FAILED, exit 15) instead of preempting it
     wait_ranks_ready(tmp_path / "job", job_id, 1)
     time.sleep(3)  # hold the allocation long enough to cost something
-    _preempt(job_id)
+    preempt(job_id)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
     run = ledger.get_run(key)
@@ -177,7 +172,7 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
 
 
 def _node_state(node: str) -> str:
-    return run_command(["sinfo", "-h", "-n", node, "-o", "%T"]).strip()
+    return run_command(["sinfo", "-h", "-N", "-n", node, "-o", "%T"]).split()[0]  # one line per partition
 
 
 def _node_of(job_id: str) -> str:
@@ -237,7 +232,7 @@ def _node_down_then_back(job_id: str) -> None:
 
 # fault -> (what does it to a running job, the first attempt's state)
 RETRIED_FAULTS = {
-    "preempted": (_preempt, "preempted"),
+    "preempted": (preempt, "preempted"),
     "node_failure": (_node_down_then_back, "node_fail"),
 }
 
@@ -250,7 +245,9 @@ def test_fault_with_one_retry_is_a_second_attempt_with_its_own_gpu_hours(fault, 
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
     assert ledger.get_run(key).retries_allowed == 1
     log = tmp_path / "starts.log"
-    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log)), tmp_path / "job",
+    # the first run sleeps 60 s, so the fault lands while it runs (5 s ended before the preemptor got
+    # the node beside three CPU-bound processes); the run after the requeue sleeps 5
+    job_id = _submit(ledger, slurm, key, jobs.CountingSleeper(5, str(log), first_seconds=60), tmp_path / "job",
                      requeues=ledger.get_run(key).retries_allowed)
     wait_until(log.exists, 30, "the first run started")
     wait_ranks_ready(tmp_path / "job", job_id, 1)  # a signal before a rank's handler would kill it

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.queue import RunQueue
+from ggpo_batch.control.reconcile import reconcile
+from ggpo_batch.control.worker import submit_run
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor
-from ggpo_batch.queue import RunQueue
-from ggpo_batch.reconcile import reconcile
-from ggpo_batch.spec import load_spec
-from ggpo_batch.worker import submit_run
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import PROFILES
 from tests.support.slurm import (
     CountingRunner,

@@ -5,7 +5,7 @@ import torch
 from ggpo_batch.nightly import checks
 from ggpo_batch.nightly.checks import extreme_finite_padding_zero_gradients, oversized_corpus_rejected_before_read
 from ggpo_batch.nightly.corpus import CorpusError
-from ggpo_batch.train.ggpo import GgpoConfig, ggpo_loss
+from ggpo_batch.train.policy.ggpo import GgpoConfig, ggpo_loss
 
 
 def test_oversized_check_observes_the_refusal():
@@ -42,7 +42,7 @@ def test_padding_check_separates_a_safe_loss_from_an_unsafe_one(monkeypatch):
 
 
 def test_padding_check_on_the_real_ggpo_loss_matches_a_direct_probe():
-    # The check's verdict on ggpo_batch.train.ggpo must agree with a direct look at NaNs.
+    # The check's verdict on ggpo_batch.train.policy.ggpo must agree with a direct look at NaNs.
     config = GgpoConfig(group_size=4)
     lp = torch.tensor([[-1.0, 0.0]], requires_grad=True)
     loss, _ = ggpo_loss(lp, torch.tensor([[-1.0, -1e4]]), torch.tensor([[-1.0, -1e4]]), torch.tensor([1.0]),

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_batch.errors import GgpoError
 from ggpo_batch.nightly import runner as nightly
+from ggpo_batch.nightly.component_record import PER_SEED_KEYS, check_component_record
 from ggpo_batch.nightly.corpus import CorpusError
 from ggpo_batch.nightly.runner import run_nightly
-from ggpo_batch.nightly.component_record import PER_SEED_KEYS, check_component_record
 from ggpo_batch.nightly.suite import load_suite
-from ggpo_batch.errors import GgpoError
 
 
 @pytest.fixture
@@ -52,9 +52,9 @@ def test_record_conforms_and_checks_are_observed(suite, tmp_path: Path):
         assert [h["reference_refreshed"] for h in e["history"]] == [False, True] and e["reference_refreshes"] == 1
         assert e["behavior_syncs"] == 1 and e["behavior_is_reference"] is False
     p = rec["provenance"]
-    impl = Path(nightly.__file__).parents[1] / "train" / "ggpo.py"
+    impl = Path(nightly.__file__).parents[1] / "train" / "policy" / "ggpo.py"
     assert p["implementation_sha256"] == hashlib.sha256(impl.read_bytes()).hexdigest()
-    assert p["executed_source_sha256"]["ggpo_batch/train/ggpo.py"] == p["implementation_sha256"]
+    assert p["executed_source_sha256"]["ggpo_batch/train/policy/ggpo.py"] == p["implementation_sha256"]
     assert "ggpo_batch/nightly/ggpo_tier.py" in p["executed_source_sha256"]
     assert p["command"] == "pytest" and p["accelerator"] == "cpu"
     assert p["dataset_fingerprint"] == f"sha256:{rec['dataset']['source_sha256']}"

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.interventions import cancel_runs
+from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
-from ggpo_batch.interventions import cancel_runs
-from ggpo_batch.queue import RunQueue
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support import slurm_jobs as jobs
 from tests.support.slurm import CountingRunner, release_requeue_hold, sacct_gpu_hours
 from tests.support.waiting import reconcile_until_ended
@@ -99,11 +99,11 @@ def test_ggpo_batch_cancel_scancels_the_allocation(dev_cluster, ledger, settings
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("ggpo_batch.train.job") is None,
-                    reason="needs the training job (ggpo_batch.train.job) for the run's payload")
+@pytest.mark.skipif(importlib.util.find_spec("ggpo_batch.train.run.job") is None,
+                    reason="needs the training job (ggpo_batch.train.run.job) for the run's payload")
 def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
         dev_cluster, ledger, settings, worker_env, tmp_path, tag):  # type: ignore[no-untyped-def]
-    from ggpo_batch.worker import run_worker
+    from ggpo_batch.control.worker import run_worker
 
     key = enqueue(ledger, settings, tmp_path, tag)[0]
     others = [k for k in enqueue(ledger, settings, tmp_path, tag) if k != key]

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.executor.sacct import Sacct
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.slurm import sacct_gpu_hours
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.train, pytest.mark.slow]
@@ -40,10 +40,10 @@ exposure = "none"
 
 def test_evaluate_takes_a_one_gpu_slurm_allocation_and_books_its_gpu_hours(  # type: ignore[no-untyped-def]
         dev_cluster, ledger, settings, worker_env, tmp_path: Path, tag: str) -> None:
-    from ggpo_batch.evaluations import evaluate_experiment
+    from ggpo_batch.control.evaluations import evaluate_experiment
+    from ggpo_batch.control.worker import run_worker
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.task import synthetic
-    from ggpo_batch.worker import run_worker
+    from ggpo_batch.train.task.qa import synthetic
 
     name = f"ev-{tag}"
     (tmp_path / "ev.toml").write_text(SPEC.format(name=name))

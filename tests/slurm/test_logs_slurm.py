@@ -10,8 +10,8 @@ import cloudpickle
 import pytest
 from click.testing import CliRunner
 
-from ggpo_batch.allocation import attempt_folder
 from ggpo_batch.cli import cli
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.slurm import job_comment
 from ggpo_batch.ledger import NewRun

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.accounting import allocated_gpus, gpu_hours
-from ggpo_batch.allocation import attempt_folder, details_path
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.contracts.accounting import allocated_gpus, gpu_hours
+from ggpo_batch.contracts.allocation import attempt_folder, details_path
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
-from ggpo_batch.queue import RunQueue
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import PROFILES
 from tests.support.slurm import (
     cancel_tagged,
@@ -75,7 +75,7 @@ def _enqueue(ledger, settings, tmp_path: Path, tag: str, *, retries: int = 0) ->
 
 def test_two_node_run_through_enqueue_worker_and_slurm_succeeds_and_books_nodes_x_gpus(
         dev_cluster, ledger, settings, worker_env, tmp_path, tag):  # type: ignore[no-untyped-def]
-    from ggpo_batch.worker import run_worker
+    from ggpo_batch.control.worker import run_worker
 
     key = _enqueue(ledger, settings, tmp_path, tag)
     try:

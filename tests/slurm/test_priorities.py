@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.executor.sacct import run_command
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.specs import write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(240)]
@@ -27,7 +27,7 @@ def test_two_users_mixed_priorities_highest_first_and_one_run_each_in_flight(
     4-GPU run per person in flight) one burst worker sbatches bob's high run first, then alice's
     normal one, and defers her low one (her quota, not the queue's: bob's run went) until her normal
     run has ended; the low run reaches Slurm with the dev profile's `--nice=1000`. Every run succeeds."""
-    from ggpo_batch.worker import run_worker
+    from ggpo_batch.control.worker import run_worker
 
     # the dev profiles' nodes hold 4 GPUs each: only the user quota keeps alice's two runs apart
     settings = dataclasses.replace(settings, user_gpu_quota=4, defer_seconds=1)

@@ -60,7 +60,7 @@ def test_usr2_near_the_time_limit_tells_the_payload_and_requeues_nothing(monkeyp
     import signal
     import time
 
-    from ggpo_batch.allocation import ALLOC_START_ENV
+    from ggpo_batch.contracts.allocation import ALLOC_START_ENV
 
     class Payload:
         told = 0
@@ -86,13 +86,13 @@ def test_usr2_near_the_time_limit_tells_the_payload_and_requeues_nothing(monkeyp
 
 
 def test_a_job_that_stopped_at_its_time_limit_exits_76_and_reads_as_timeout():
-    from ggpo_batch.allocation import TIME_LIMIT_EXIT_CODE
+    from ggpo_batch.contracts.allocation import TIME_LIMIT_EXIT_CODE
     from ggpo_batch.executor.base import JobAccount, JobInfo
     from ggpo_batch.executor.slurm import _own_exit_states
 
     code = textwrap.dedent("""
         from ggpo_batch.executor.slurm import Requeueable
-        from ggpo_batch.train.job import TimeLimitReached
+        from ggpo_batch.train.run.job import TimeLimitReached
         def stop(): raise TimeLimitReached("checkpointed at step 3")
         Requeueable(stop)()
     """)

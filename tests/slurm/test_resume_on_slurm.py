@@ -19,16 +19,16 @@ from typing import Any
 
 import pytest
 
-from ggpo_batch.accounting import gpu_hours
-from ggpo_batch.allocation import attempt_folder, details_path, time_limit_path
-from ggpo_batch.enqueue import enqueue_spec
+from ggpo_batch.contracts.accounting import gpu_hours
+from ggpo_batch.contracts.allocation import attempt_folder, details_path, time_limit_path
+from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.executor.profile import load_profile
 from ggpo_batch.executor.sacct import run_command
 from ggpo_batch.executor.slurm import SlurmExecutor
-from ggpo_batch.queue import RunQueue
 from ggpo_batch.reporting.status import run_row, state_label
-from ggpo_batch.runspec import RunSpec
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec.parse import load_spec
 from tests.support.paths import PROFILES
 from tests.support.slurm import cancel_tagged, release_requeue_hold, sacct_gpu_hours
 from tests.support.twins import assert_same_run
@@ -88,6 +88,7 @@ def _twin_result(ex: SlurmExecutor, job_id: str, folder: Path, run_key: str) -> 
     return json.loads((out / "record.json").read_text()), json.loads(details_path(out).read_text())
 
 
+@pytest.mark.slow_reason("two 2-rank DeepSpeed runs on Slurm with a requeue between them")
 def test_a_two_rank_run_requeued_by_scontrol_resumes_exactly(dev_cluster, ledger, settings, tmp_path, tag):  # type: ignore[no-untyped-def]
     """About 2 min: the job (~1 min of Slurm, twice the start-up), its twin job alongside it."""
     key = _enqueue(ledger, settings, tmp_path, f"rq-{tag}", budget=600, profile="dev-cluster-2gpu", retries=1,
@@ -126,12 +127,13 @@ def test_a_two_rank_run_requeued_by_scontrol_resumes_exactly(dev_cluster, ledger
           f"GPU-h booked {[round(a.gpu_hours_scheduler, 5) for a in run.attempts]}")
 
 
+@pytest.mark.slow_reason("waits for a real Slurm time limit: the one continuation test that does, against a 2-rank twin")
 def test_a_two_rank_run_continues_past_its_time_limit_and_equals_its_twin(  # type: ignore[no-untyped-def]
         dev_cluster, ledger, settings, worker_env, tmp_path, tag):
     """Profile dev-cluster-2gpu-2min: a 120 s limit, 50 s signal delay, so the save deadline is 70 s
     after the allocation starts; a 75 s loop budget cannot fit in one allocation. About 4 min: the
     allocations (~70 s, then ~40 s), the worker's resubmission, and the twin after them."""
-    from ggpo_batch.worker import run_worker
+    from ggpo_batch.control.worker import run_worker
 
     key = _enqueue(ledger, settings, tmp_path, f"tl-{tag}", budget=75, profile="dev-cluster-2gpu-2min", cont=True)
     t0 = time.monotonic()

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from ggpo_batch.accounting import disagreement
+from ggpo_batch.contracts.accounting import disagreement
 from ggpo_batch.errors import ExecutorError
 from ggpo_batch.executor.sacct import (
     Sacct,

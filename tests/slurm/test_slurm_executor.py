@@ -7,13 +7,23 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
 from ggpo_batch.errors import ExecutorError
 from ggpo_batch.executor.base import job_name
 from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
-from ggpo_batch.runspec import ArmSpec, RunSpec
 from tests.support import slurm_jobs as jobs
-from tests.support.slurm import final, release_requeue_hold, wait_for, wait_ranks_ready
+from tests.support.slurm import (
+    CountingRunner,
+    cancel_tagged,
+    final,
+    preempt,
+    release_requeue_hold,
+    squeue_state,
+    wait_for,
+    wait_ranks_ready,
+)
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -108,6 +118,38 @@ def test_cancel_via_scancel(executor, tag):
         executor.cancel("1; scancel -u root")
 
 
+class LaggingSacct(CountingRunner):
+    """The real commands, but sacct answers nothing while `lagging`: slurmdbd not told of the job yet."""
+
+    lagging = False
+
+    def __call__(self, argv):  # type: ignore[no-untyped-def]
+        if self.lagging and argv[0] == "sacct":
+            self.argv.append(list(argv))
+            return ""
+        return super().__call__(argv)
+
+
+def test_job_that_held_nodes_is_not_final_before_sacct_has_it(dev_cluster, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
+    """test_cancel_via_scancel's flake: cancelled before slurmdbd had the job, squeue said CANCELLED
+    and the job read final with no allocation (alloc_gpus None: 0 GPU-hours)."""
+    runner = LaggingSacct()
+    ex = SlurmExecutor(profile, tmp_path / "slurm", sacct=Sacct(runner=runner), runner=runner, min_submit_interval_s=0)
+    try:
+        job_id = ex.submit_callable(lambda: time.sleep(120), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=5)
+        wait_for(ex, job_id, lambda i: i.state == "RUNNING", 30)
+        runner.lagging = True
+        ex.cancel(job_id)
+        wait_until(lambda: squeue_state(job_id) == "CANCELLED", 30, "squeue says CANCELLED")
+        info = ex.poll([job_id])[job_id]
+        assert not info.final and info.state == "RUNNING", info  # ended, allocation not yet accounted
+        runner.lagging = False
+        info = wait_for(ex, job_id, final, 30)
+        assert info.state == "CANCELLED" and info.alloc_gpus == 4 and info.gpu_hours is not None, info
+    finally:
+        cancel_tagged(tag)
+
+
 def test_many_active_jobs_one_sacct_call(executor, runner, tag):
     ids = [executor.submit_callable(lambda: None, f"ggpo.{tag}-{i}.a0", f"ggpo:{tag}-{i}:0", time=3,
                                     additional_parameters={"hold": True}) for i in range(6)]
@@ -119,7 +161,7 @@ def test_many_active_jobs_one_sacct_call(executor, runner, tag):
     assert {s.state for s in states.values()} == {"PENDING"}
     for j in ids:
         executor.cancel(j)
-    time.sleep(1)
+    wait_until(lambda: all(squeue_state(j) == "CANCELLED" for j in ids), 30, "the controller's CANCELLED")
     before = runner.count("sacct")
     done = executor.poll(ids)
     assert runner.count("sacct") - before == 1 and len(done) == 6
@@ -131,6 +173,7 @@ def test_impossible_request_is_refused_at_submit(executor, tag):
         executor.submit_callable(lambda: None, f"ggpo.{tag}.a0", f"ggpo:{tag}:0", gpus_per_node=5)
 
 
+@pytest.mark.slow_reason("waits for a real 2-minute Slurm time limit: the one TIMEOUT test of the executor")
 @pytest.mark.slow
 def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
     # USR2 comes signal_delay_s (30 s, the profile's) before the limit: judged a timeout, not requeued.
@@ -149,22 +192,18 @@ def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
 
 @pytest.mark.slow
 def test_preemption_without_allowance_ends_preempted_not_failed(executor, tag, tmp_path):
-    import submitit
-
     # Rank 0 exits at the signal; the job ends when ranks 1-3 have slept out their 20 s (not 60: that
     # held the allocation a minute for nothing), still well after the signal lands.
     job_id = executor.submit_callable(lambda: time.sleep(20), f"ggpo.{tag}.a0", f"ggpo:{tag}:0", time=15)
     wait_for(executor, job_id, lambda i: i.state == "RUNNING", 30)
     wait_ranks_ready(executor.folder / f"ggpo.{tag}.a0", job_id, 4)  # every rank's signal handler in place
-    submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)
+    preempt(job_id)  # a dev-urgent job takes the node: slurmctld signals and ends the job
     info = wait_for(executor, job_id, final, 60)
     assert info.state == "PREEMPTED" and info.restarts == 0 and info.alloc_gpus == 4, info
 
 
 @pytest.mark.slow
 def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_path):
-    import submitit
-
     log = tmp_path / "starts.log"
     # time >= 15 min: submitit judges a signal as preemption (not timeout) before min(0.8 T, T - 10 min)
     job_id = executor.submit_callable(jobs.CountingSleeper(8, str(log), first_seconds=60), f"ggpo.{tag}.a0", f"ggpo:{tag}:0",
@@ -176,7 +215,7 @@ def test_preemption_is_requeued_and_each_run_is_a_segment(executor, tag, tmp_pat
     while not log.exists() and time.monotonic() < end:
         time.sleep(0.2)
     assert log.exists(), "the job's payload did not start in 90 s"
-    submitit.SlurmJob(folder=tmp_path, job_id=job_id)._interrupt(timeout=False)  # SIGTERM + USR2, as a preemption
+    preempt(job_id)  # slurmctld's own SIGTERM + USR2, from a dev-urgent job taking the node
     wait_for(executor, job_id, lambda i: i.restarts >= 1 and i.state == "PENDING", 120)
     release_requeue_hold(job_id)  # slurmctld holds a requeued job for 120 s (BeginTime)
     info = wait_for(executor, job_id, lambda i: i.final and i.restarts >= 1, 120)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ggpo_batch.runspec import ArmSpec
+from ggpo_batch.contracts.runspec import ArmSpec
 
 TEMPLATES = ("train_direct", "train_role")
 ARMS = {

@@ -38,9 +38,9 @@ def get_routes(routes: list[str]) -> list[tuple[int, str]]:
     """GET each route from the dashboard app served by uvicorn on a free port of 127.0.0.1."""
     import uvicorn
 
-    from ggpo_batch.config import load_settings
-    from ggpo_batch.dashboard.app import create_app
-    from ggpo_batch.netutil import free_port
+    from ggpo_batch.common.netutil import free_port
+    from ggpo_batch.config.settings import load_settings
+    from ggpo_batch.dashboard.routes import create_app
 
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(load_settings(), host="127.0.0.1"), host="127.0.0.1",
@@ -68,7 +68,7 @@ def get_routes(routes: list[str]) -> list[tuple[int, str]]:
 
 def main() -> None:
     job = json.load(sys.stdin)
-    from ggpo_batch.config import load_settings
+    from ggpo_batch.config.settings import load_settings
     from ggpo_batch.ledger.read_only import plan_sqlite_read
 
     url = load_settings().db_url

@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ggpo_batch.allocation import attempt_folder, details_path, policy_of, record_path
+from ggpo_batch.contracts.allocation import attempt_folder, details_path, policy_of, record_path
 from ggpo_batch.ledger import NewRun
 
 TRAINED = ["syn-0001", "syn-0002", "syn-0003"]  # what every run below trained on

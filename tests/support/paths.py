@@ -13,7 +13,7 @@ SEED_000 = DATA / "000_b2e3fe1f0148d43c.txt"  # one experiment, 5 arms x 3 seeds
 SEED_003 = DATA / "003_6402ffbf4ba21fea.txt"  # one nightly CPU component run
 
 JOBS = REPO / "jobs"  # the checkout's example specs (exposure-5arm and demo-cpu are also packaged)
-PACKAGED = REPO / "ggpo_batch" / "data"  # what the wheel ships (ggpo_batch/datafiles.py)
+PACKAGED = REPO / "ggpo_batch" / "data"  # what the wheel ships (ggpo_batch/common/datafiles.py)
 PROFILES = PACKAGED / "profiles"
 DEV_CLUSTER_UP = REPO / "slurm" / "dev-cluster" / "up.sh"
 # The dev cluster's state folder (slurm/dev-cluster/common.sh: pid files in run/, logs in log/).

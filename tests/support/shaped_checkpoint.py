@@ -57,12 +57,7 @@ def write_sparse_safetensors(path: Path, shapes: dict[str, list[int]], dtype: st
 
 def qwen3_1_7b(folder: Path) -> Path:
     """`folder` as a Qwen3-1.7B-shaped checkpoint (module docstring); returns it."""
-    from ggpo_batch.train.tiny_hf import (
-        THINKING_CHAT_TEMPLATE,
-        _tokenizer_text,
-        build_tokenizer,
-        qa_rows,
-    )
+    from ggpo_batch.train.task.tiny_hf import THINKING_CHAT_TEMPLATE, _tokenizer_text, build_tokenizer, qa_rows
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(QWEN3_1_7B))

@@ -96,6 +96,39 @@ def wait_ranks_ready(folder: Path, job_id: str, ranks: int, timeout_s: float = 6
     raise AssertionError(f"job {job_id}: not all {ranks} ranks loaded their payload in {timeout_s} s")
 
 
+# The dev cluster's partition whose jobs preempt those of the default one on the same node
+# (slurm/dev-cluster/slurm.conf.in: higher PriorityTier, PreemptType=preempt/partition_prio).
+URGENT_PARTITION = "dev-urgent"
+PREEMPTOR_NAME = "ggpo-preemptor"
+
+
+def preempt(job_id: str, timeout_s: float = 60.0) -> str:
+    """Preempt a running job as Slurm does: submit a job of the urgent partition that needs the
+    victim's node (all its GPUs), so slurmctld preempts the victim itself, with its own signals in
+    its own order (SIGCONT+SIGTERM and the job's --signal at once; requeue or cancel at the end of
+    GraceTime). Returns the preemptor's job id once it runs (the victim has left the node); it is
+    cancelled then, so the requeued victim can run again."""
+    node = run_command(["squeue", "-h", "-j", job_id, "-o", "%N"]).strip().split(",")[0]
+    if not node:
+        raise AssertionError(f"job {job_id} holds no node to preempt it from")
+    gpus = run_command(["scontrol", "show", "node", node]).split("Gres=gpu:", 1)[1].split()[0].split("(")[0]
+    out = run_command(["sbatch", "--parsable", "-p", URGENT_PARTITION, "-w", node, "-J", PREEMPTOR_NAME,
+                       f"--gpus-per-node={gpus}", "-t", "5", "-o", "/dev/null", "--wrap", "sleep 300"])
+    urgent = out.strip().split(";")[0]
+    try:
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            if run_command(["squeue", "-h", "-j", urgent, "-o", "%T"]).strip() == "RUNNING":
+                if squeue_state(job_id) == "COMPLETED":  # the node was free: nothing was preempted
+                    raise AssertionError(f"job {job_id} completed before it was preempted: give it more to do")
+                return urgent
+            time.sleep(0.2)
+        raise AssertionError(f"the preemptor {urgent} of job {job_id} did not start on {node} in {timeout_s:.0f} s; "
+                             f"the victim is {squeue_state(job_id)}")
+    finally:
+        subprocess.run(["scancel", urgent], check=False)
+
+
 def release_requeue_hold(job_id: str, timeout_s: float = 90.0) -> None:
     """Start a requeued job now instead of after slurmctld's 120 s requeue hold (its BeginTime), so a
     test stays short. The hold is set when the requeue lands, which may be after sacct already counts

@@ -76,7 +76,7 @@ def one_seed_spec(folder: Path, name: str, body: str, *, gpus: int = 4, executor
 def flagship_with(folder: Path, model: Path, data: dict[str, Path]) -> Path:
     """jobs/exposure-5arm.toml with its placeholders (model directory, data files) pointed at `model`
     and `data` (build_qa_set's files), written to `folder`."""
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.spec.parse import load_spec
 
     from .paths import JOBS
 

@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ggpo_batch.run_record import check_run_record, entry_key
+from ggpo_batch.contracts.run_record import check_run_record, entry_key
 
 # Per-step figures compared between a resumed run and its uninterrupted twin.
 STEP_FIGURES = ("loss", "gradient_norm", "retained_groups", "rejected_groups", "raw_gap", "mean_length")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
-from ggpo_batch.reconcile import reconcile
+from ggpo_batch.control.reconcile import reconcile
 
 
 def wait_until(cond: Callable[[], object], timeout_s: float, what: str, interval: float = 0.2) -> object:

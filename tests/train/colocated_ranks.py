@@ -20,10 +20,10 @@ def main(out: str, tp: int) -> None:
 
     dist.init_process_group("gloo")
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.model import build_model, logprobs_of
-    from ggpo_batch.train.rollout import sequence_logprobs
-    from ggpo_batch.train.tokenizer import encode
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.policy.model import build_model, logprobs_of
+    from ggpo_batch.train.rollout.sampler import sequence_logprobs
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+    from ggpo_batch.train.task.tokenizer import encode
 
     rank = dist.get_rank()
     old, new = build_model(TrainConfig(), 0), build_model(TrainConfig(), 1)

@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from ggpo_batch.runspec import ArmSpec, RunSpec
+from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
 from tests.support.arms import ARMS
 from tests.support.paths import SEED_000
 

@@ -1,12 +1,13 @@
 """One rank of a training job with a planted stale-weights defect: its vLLM push silently drops every
-tensor of block 1 (tests/train/test_vllm_colocated.py). Arguments as `ggpo_batch.train.launch`."""
+tensor of block 1 (tests/train/test_vllm_colocated.py). Arguments as `ggpo_batch.train.run.launch`."""
 
 from __future__ import annotations
 
 import sys
 
-from ggpo_batch.train import launch, vllm_backend
-from ggpo_batch.train.rollout import weight_items
+from ggpo_batch.train.rollout import vllm_backend
+from ggpo_batch.train.rollout.sampler import weight_items
+from ggpo_batch.train.run import launch
 
 _push = vllm_backend.VllmBackend.sync_weights
 

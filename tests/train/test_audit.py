@@ -16,24 +16,24 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("bm25s")
 pytestmark = pytest.mark.train
 
-from ggpo_batch.run_record import (
+from ggpo_batch.contracts.run_record import (
     BUDGET_STATUS_RECONCILED,
     BUDGET_STATUS_SHORT,
     TRAINING_STATUS_AUDIT_FAILED,
     TRAINING_STATUS_VALIDATED,
     check_run_record,
 )
-from ggpo_batch.runspec import ArmSpec
-from ggpo_batch.train.audit import CHECKS, audit
+from ggpo_batch.contracts.runspec import ArmSpec
+from ggpo_batch.train.audit.audit import CHECKS, audit
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.environment import GENERATED, TOOL, run_episodes, start
-from ggpo_batch.train.ggpo import group_advantages
-from ggpo_batch.train.result import build_record
-from ggpo_batch.train.retrieval import Retriever
-from ggpo_batch.train.rollout import Generation, RolloutBackend
-from ggpo_batch.train.task import render, synthetic
-from ggpo_batch.train.tokenizer import EOS, SEARCH, encode
-from ggpo_batch.train.batch import loss_batch
+from ggpo_batch.train.policy.batch import loss_batch
+from ggpo_batch.train.policy.ggpo import group_advantages
+from ggpo_batch.train.rollout.environment import GENERATED, TOOL, run_episodes, start
+from ggpo_batch.train.rollout.sampler import Generation, RolloutBackend
+from ggpo_batch.train.run.result import build_record
+from ggpo_batch.train.task.qa import render, synthetic
+from ggpo_batch.train.task.retrieval import Retriever
+from ggpo_batch.train.task.tokenizer import EOS, SEARCH, encode
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)
@@ -267,8 +267,8 @@ def test_record_check_refuses_a_reconciled_stamp_short_of_target():
 def test_one_second_run_short_of_exposure_is_not_reconciled(tmp_path: Path, spec_for, arms, monkeypatch):
     """`ggpo-batch train jobs/demo-cpu.toml --arm paired --seed 2 --budget-seconds 1` with
     exposed_items = 24, through the same Python API (2 CPU ranks)."""
-    from ggpo_batch.train import curriculum as cur
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.train.run.launch import train_local
+    from ggpo_batch.train.task import curriculum as cur
 
     arm = ArmSpec("paired", "paired", 24, ("train_direct", "train_role"))
     monkeypatch.setitem(arms, "paired", arm)  # make_spec reads the shared ARMS table

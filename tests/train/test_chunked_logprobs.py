@@ -10,10 +10,10 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from ggpo_batch.train.codec import ByteCodec
-from ggpo_batch.train.ggpo import ggpo_loss
 from ggpo_batch.train.ggpo_config import GgpoConfig
-from ggpo_batch.train.logprobs import Chunks, head_logprobs, masked_logprobs
+from ggpo_batch.train.policy.ggpo import ggpo_loss
+from ggpo_batch.train.policy.logprobs import Chunks, head_logprobs, masked_logprobs
+from ggpo_batch.train.task.codec import ByteCodec
 
 pytestmark = pytest.mark.train
 
@@ -29,14 +29,14 @@ class Banned(ByteCodec):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.tiny_hf import build_checkpoint
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint
 
     return {arch: build_checkpoint(tmp_path_factory.mktemp(arch), arch=arch, vocab_size=512)
             for arch in ("qwen2", "llama")}
 
 
 def load(folder, checkpointing: bool = False):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.hf import load_model
+    from ggpo_batch.train.pretrained.hf import load_model
 
     return load_model(folder, dtype="float32", attn_implementation="eager", gradient_checkpointing=checkpointing)
 
@@ -100,7 +100,7 @@ def test_gradient_checkpointing_gives_the_same_chunked_result(checkpoints):  # t
 
 def test_builtin_byte_gpt2_with_its_env_only_tokens() -> None:
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.model import build_model
+    from ggpo_batch.train.policy.model import build_model
 
     model = build_model(TrainConfig(), 3)
     codec = ByteCodec()

@@ -68,7 +68,7 @@ def test_model_and_data_tables_parse_and_round_trip():
 
 
 def test_spec_paths_are_taken_from_the_spec_folder(tmp_path):
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.spec.parse import load_spec
 
     (tmp_path / "models" / "m").mkdir(parents=True)
     spec = tmp_path / "jobs" / "x.toml"
@@ -99,7 +99,7 @@ passages = "/abs/p.jsonl"
 def test_old_logprobs_is_resolved_into_the_run_spec_and_its_hash(tmp_path):
     """The default of `[train] old_logprobs` is written into the run spec: a spec that leaves it out hashes
     like one that writes "policy", and unlike one that writes "rollout" (whose cap is written out too)."""
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.spec.parse import load_spec
 
     def run_spec(train: str):  # type: ignore[no-untyped-def]
         path = tmp_path / "x.toml"

@@ -4,11 +4,11 @@ pytest.importorskip("torch")
 pytest.importorskip("bm25s")
 pytestmark = pytest.mark.train
 
+from ggpo_batch.contracts.runspec import ArmSpec
 from ggpo_batch.errors import SpecError
-from ggpo_batch.runspec import ArmSpec
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.curriculum import Curriculum
-from ggpo_batch.train.task import synthetic
+from ggpo_batch.train.task.curriculum import Curriculum
+from ggpo_batch.train.task.qa import synthetic
 
 DATA = synthetic(TrainConfig())
 T = ("train_direct", "train_role")

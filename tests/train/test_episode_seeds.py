@@ -10,12 +10,12 @@ pytestmark = pytest.mark.train
 
 from ggpo_batch.errors import SpecError
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.environment import run_episodes, start, trajectory_ids, turn_seed
-from ggpo_batch.train.model import build_model
-from ggpo_batch.train.retrieval import Retriever
-from ggpo_batch.train.rollout import TorchSampler
-from ggpo_batch.train.task import render, synthetic
-from ggpo_batch.train.tokenizer import encode
+from ggpo_batch.train.policy.model import build_model
+from ggpo_batch.train.rollout.environment import run_episodes, start, trajectory_ids, turn_seed
+from ggpo_batch.train.rollout.sampler import TorchSampler
+from ggpo_batch.train.task.qa import render, synthetic
+from ggpo_batch.train.task.retrieval import Retriever
+from ggpo_batch.train.task.tokenizer import encode
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)
@@ -76,7 +76,7 @@ def test_search_many_answers_each_query_as_search_does():
 
 
 def test_vllm_engine_options_are_chosen_by_the_device():
-    from ggpo_batch.train.vllm_backend import engine_options
+    from ggpo_batch.train.rollout.vllm_backend import engine_options
 
     gpu, cpu = engine_options(True, "bfloat16"), engine_options(False, "bfloat16")
     assert gpu == {"enforce_eager": False, "dtype": "bfloat16", "enable_sleep_mode": True}  # CUDA graphs

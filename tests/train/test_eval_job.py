@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.evaluation_jobs import check_evaluation_record
-from ggpo_batch.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
+from ggpo_batch.contracts.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
+from ggpo_batch.control.evaluation_jobs import check_evaluation_record
 from tests.support.paths import REPO
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
 RUN_ALL = """
 import json, sys
-from ggpo_batch.train.eval_job import EvaluationJob
+from ggpo_batch.train.run.eval_job import EvaluationJob
 out = {}
 for spec_json, output in json.loads(sys.argv[1]):
     try:
@@ -33,8 +33,8 @@ print(json.dumps(out))
 def _policy(folder: Path) -> Path:
     """The built-in policy exported as the training job exports it (hf.export, float32 on the CPU)."""
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.hf import export
-    from ggpo_batch.train.model import build_model
+    from ggpo_batch.train.policy.model import build_model
+    from ggpo_batch.train.pretrained.hf import export
 
     model = build_model(TrainConfig.from_table({}, "<test>"), 3)
     export(model, dict(model.state_dict()), folder, None)
@@ -57,7 +57,7 @@ def _spec(tmp_path: Path, rollout: str, data: Path, details: Path, policy: Path)
 def test_the_evaluation_job_gives_the_same_greedy_answers_through_torch_and_vllm(tmp_path: Path) -> None:
     pytest.importorskip("vllm")
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.task import synthetic
+    from ggpo_batch.train.task.qa import synthetic
 
     task = synthetic(TrainConfig.from_table({}, "<test>"))
     items = [*task.train[:3], *task.heldout[:3]]
@@ -66,7 +66,7 @@ def test_the_evaluation_job_gives_the_same_greedy_answers_through_torch_and_vllm
                                         "support_titles": list(i.support_titles)}) + "\n" for i in items))
     trained = [items[0].item_id, items[4].item_id, "elsewhere"]
     policy = _policy(tmp_path / "record.json.policy")
-    from ggpo_batch.train.hf import directory_sha256
+    from ggpo_batch.train.pretrained.hf import directory_sha256
 
     details = tmp_path / "record.json.details.json"
     details.write_text(json.dumps({"trained_item_ids": trained, "policy_sha256": directory_sha256(policy)}))

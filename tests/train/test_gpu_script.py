@@ -63,44 +63,83 @@ def report_of(out: subprocess.CompletedProcess) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+# The tiny shape's numbers, written out (tools/gpu/flagship_train.TINY): layers, hidden, query and
+# key-value heads, head dimension, MLP width, vocabulary; tied embeddings.
+L, D, HEADS, KV, Q, MLP, V = 2, 64, 2, 1, 32, 128, 1024
+
+
+def tiny_parameters_by_hand() -> int:
+    """q, k, v, o, gate/up/down, input and post-attention norms, q and k norms a layer; the final norm;
+    the embedding (tied: the LM head is the same matrix)."""
+    layer = D * HEADS * Q + 2 * D * KV * Q + HEADS * Q * D + 3 * D * MLP + 2 * D + 2 * Q
+    return L * layer + D + V * D
+
+
+def tiny_flops_by_hand(n: int) -> tuple[int, int]:
+    """One unpacked --tiny step, 2 passes of one 96-token row with 80 targets under the loss: (PaLM's
+    model FLOPs, the FLOPs the step computes). PaLM: T (6N + 12 L H Q T) a row. Computed, a pass: the
+    policy's forward with grad f = the body's 2 N_body T + attention's 4 L H Q T^2 + the LM head's 2 D V
+    at the 80 targets; its backward 2f; checkpointing's recomputed body; the chunked head's recomputed
+    logits; the reference's f. No forward of the old log-probs (old_logprobs = "policy" takes the
+    update's own, detached: issue 39)."""
+    rows, seq, targets = 2, 96, 96 - 16
+    body_params = n - V * D
+    body = 2 * body_params * seq + 4 * L * HEADS * Q * seq * seq
+    head = 2 * D * V * targets
+    f = body + head
+    per_pass = f + 2 * f + body + head + f
+    return rows * seq * (6 * n + 12 * L * HEADS * Q * seq), rows * per_pass
+
+
 def test_tiny_run_reports_every_figure_and_passes_every_check():
-    from ggpo_batch.gpu_memory import memory_estimate
+    from ggpo_batch.train.policy.gpu_memory import memory_estimate
     from tools.bench.probe_calibration import DEFECTS
     from tools.gpu.flagship_check import NON_TENSOR_TERMS, STOP_AFTER, TINY, TINY_RUN
 
     out = run_guarded("--tiny", "--json", "--peak-tflops", "2")
     assert out.returncode == 0, out.stderr[-3000:]
     r = report_of(out)
-    assert r["schema"] == 1 and r["device"] == "cpu" and r["tiny"] is True and r["passed"] is True
+    assert r["schema"] == 2 and r["device"] == "cpu" and r["tiny"] is True and r["passed"] is True
     assert r["checks"] == {"probe": True, "template": True, "memory": None}  # memory: measured on a GPU only
     assert r["model"]["architecture"] == "Qwen3ForCausalLM" and r["model"]["shape"] == TINY
     n = r["model"]["parameters"]
+    assert (TINY["num_hidden_layers"], TINY["hidden_size"], TINY["num_attention_heads"], TINY["num_key_value_heads"],
+            TINY["head_dim"], TINY["intermediate_size"], TINY["vocab_size"]) == (L, D, HEADS, KV, Q, MLP, V)
+    assert n == tiny_parameters_by_hand() and r["model"]["body_parameters"] == n - V * D
 
-    # Training as the trainer trains: ZeRO-2, checkpointing on, SDPA, chunked log-probs, timed steps.
+    # Training as the trainer trains: ZeRO-2, checkpointing on, SDPA, chunked log-probs, timed steps,
+    # one 96-token row a pass (unpacked), and the three figures against FLOPs computed by hand.
     t = r["training"]
     assert (t["zero_stage"], t["ranks"], t["dtype"], t["gradient_checkpointing"], t["attn_implementation"]) == \
         (2, 1, "bfloat16", True, "sdpa")
     assert (t["chunks"]["tokens"], t["chunks"]["vocab"]) == (TINY_RUN["chunk_tokens"], TINY_RUN["chunk_vocab"])
     assert t["timed_steps"] == TINY_RUN["steps"] and len(t["step_seconds"]) == TINY_RUN["warmup"] + TINY_RUN["steps"]
     assert all(s > 0 for s in t["step_seconds"]) and all(math.isfinite(x) for x in t["loss"])
+    assert t["packed"] is False and t["peak_tflops"] == 2 and t["peak_source"] == "argument"
+    rows, seq, prompt = TINY_RUN["passes"], TINY_RUN["seq_len"], TINY_RUN["prompt_tokens"]
+    for step in t["steps"]:
+        assert step["passes"] == [{"lengths": [seq], "width": seq, "loss_tokens": seq - prompt}] * rows
     timed = sum(t["step_seconds"][t["warmup_steps"]:])
-    tokens = t["timed_steps"] * t["passes_per_step"] * t["seq_len"]
-    assert t["tokens_per_second"] == pytest.approx(tokens / timed)
-    assert t["model_tflops"] == pytest.approx(6 * n * tokens / timed / 1e12)
-    assert t["peak_tflops"] == 2 and t["mfu"] == pytest.approx(t["model_tflops"] / 2)
+    assert t["tokens"] == t["padded_tokens"] == TINY_RUN["steps"] * rows * seq
+    assert t["tokens_per_second"] == pytest.approx(t["tokens"] / timed)
+    model, computed = tiny_flops_by_hand(n)
+    assert t["model_flops"] == TINY_RUN["steps"] * model and t["executed_flops"] == TINY_RUN["steps"] * computed
+    assert t["model_tflops"] == pytest.approx(TINY_RUN["steps"] * model / timed / 1e12)
+    assert t["mfu"] == pytest.approx(TINY_RUN["steps"] * model / timed / 1e12 / 2)
+    assert t["flop_utilisation"] == pytest.approx(TINY_RUN["steps"] * computed / timed / 1e12 / 2)
 
     # Memory: gpu_memory.py's estimate for this very shape and run, its tensor terms apart.
     m = r["memory"]
     gib = 1 << 30
     expected = memory_estimate(
-        parameters=n, dtype_bytes=2, ranks=1, zero_stage=2, rows=1, seq_len=t["seq_len"],
+        parameters=n, dtype_bytes=2, ranks=1, zero_stage=2, rows=1, seq_len=TINY_RUN["seq_len"],
         hidden=TINY["hidden_size"], layers=TINY["num_hidden_layers"], vocab=TINY["vocab_size"],
         gradient_checkpointing=True, rollout="torch", vllm_fraction=0.0, gpu_bytes=0,
         chunk_tokens=t["chunks"]["tokens"], chunk_vocab=t["chunks"]["vocab"])
     assert m["estimate_gib"] == pytest.approx({k: v / gib for k, v in expected.items()})
     assert m["estimate_tensors_gib"] == pytest.approx(
         (expected["total"] - sum(expected[k] for k in NON_TENSOR_TERMS)) / gib)
-    assert m["max_allocated_gib"] is None and m["within_estimate"] is None
+    assert m["max_allocated_gib"] is None and m["within_estimate"] is None and m["pass_tokens"] == TINY_RUN["seq_len"]
 
     # The probe, SDPA policy against an eager copy: every push passes, each with its statistics.
     p = r["probe"]
@@ -118,6 +157,52 @@ def test_tiny_run_reports_every_figure_and_passes_every_check():
     assert tp["passed"] is True and tp["flagship"]["kwargs"] == {"enable_thinking": False}
     assert any("enable_thinking" in line for line in tp["default"]["problems"])
     assert tp["flagship"]["problems"] == [] and tp["flagship"]["prompt_end"].endswith("<think>\n\n</think>\n\n")
+
+
+def test_packed_passes_run_the_trainers_plan_and_their_flops_match_a_hand_count():
+    """--packed: rows of 24-64 tokens packed by the trainer's plan into passes of at most 128 padded
+    tokens, several rows a pass; each step's FLOPs recomputed here from its passes as run."""
+    from ggpo_batch.train.policy.passes import plan
+    from tools.gpu.flagship_check import TINY_RUN
+
+    out = run_guarded("--tiny", "--packed", "--json", "--peak-tflops", "3")
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = report_of(out)
+    t, n = r["training"], r["model"]["parameters"]
+    assert t["packed"] is True and t["pass_token_budget"] == TINY_RUN["pass_tokens"] == 128
+    assert (t["peak_tflops"], t["peak_source"]) == (3, "argument")
+    lo, hi = TINY_RUN["row_tokens"]
+    multi_row = 0
+    for step in t["steps"]:
+        passes = step["passes"]
+        lengths = [x for p in passes for x in p["lengths"]]
+        assert len(lengths) == TINY_RUN["rows"] and all(lo <= x <= hi for x in lengths)
+        # What the package's plan makes of these rows (longest first, so its row indices are positions here).
+        assert [[lengths[i] for i in p.rows] for p in plan(lengths, 128)] == [p["lengths"] for p in passes]
+        for p in passes:
+            assert p["width"] == max(p["lengths"]) and len(p["lengths"]) * p["width"] <= 128
+            assert p["loss_tokens"] == sum(x - TINY_RUN["prompt_tokens"] for x in p["lengths"])
+            multi_row += len(p["lengths"]) > 1
+        assert step["forwards_per_pass"] == {"old_logprobs": 0, "reference": 1, "checkpointing": True,
+                                             "chunked_head": True}  # no forward of the old log-probs
+        model = sum(x * (6 * n + 12 * L * HEADS * Q * x) for x in lengths)
+        computed = 0
+        for p in passes:
+            rows, w = len(p["lengths"]), p["width"]
+            body = 2 * (n - V * D) * rows * w + 4 * L * HEADS * Q * rows * w * w
+            head = 2 * D * V * p["loss_tokens"]
+            computed += 3 * (body + head) + body + head + (body + head)  # + the reference's forward
+        assert (step["model_flops"], step["executed_flops"]) == (model, computed)
+    assert multi_row
+    timed = t["steps"][t["warmup_steps"]:]
+    seconds = sum(t["step_seconds"][t["warmup_steps"]:])
+    assert t["tokens"] == sum(x for s in timed for p in s["passes"] for x in p["lengths"])
+    assert t["padded_tokens"] == sum(len(p["lengths"]) * p["width"] for s in timed for p in s["passes"]) > t["tokens"]
+    assert t["tokens_per_second"] == pytest.approx(t["tokens"] / seconds)
+    assert t["mfu"] == pytest.approx(sum(s["model_flops"] for s in timed) / seconds / 1e12 / 3)
+    assert t["flop_utilisation"] == pytest.approx(sum(s["executed_flops"] for s in timed) / seconds / 1e12 / 3)
+    assert r["memory"]["pass_tokens"] == max(len(p["lengths"]) * p["width"] for s in t["steps"] for p in s["passes"])
+    assert r["passed"] is True
 
 
 def test_planted_defects_fail_their_checks_and_the_exit_code(tmp_path):

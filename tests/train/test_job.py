@@ -1,12 +1,13 @@
 """TrainingJob as submitit runs it: pickled, ranks from submitit's environment, checkpoint hook."""
 
+import os
 import pickle
 
 import pytest
 import submitit
 
-from ggpo_batch.run_record import check_run_record
-from ggpo_batch.train.job import TrainingJob
+from ggpo_batch.contracts.run_record import check_run_record
+from ggpo_batch.train.run.job import TrainingJob
 
 
 def test_job_pickles_and_its_checkpoint_resubmits_the_same_run(tmp_path, spec_for):
@@ -47,15 +48,61 @@ def test_two_jobs_train_one_after_the_other_in_one_process(tmp_path, spec_for):
 
     specs = [spec_for(arm, budget=0.5).to_json() for arm in ("clean", "paired")]
     script = (
-        "import sys; from ggpo_batch.train.job import TrainingJob\n"
+        "import sys; from ggpo_batch.train.run.job import TrainingJob\n"
         "for i, spec in enumerate(sys.argv[2:]):\n"
         "    TrainingJob(spec, f'{sys.argv[1]}/r{i}.json')()\n"
     )
     proc = subprocess.run([sys.executable, "-c", script, str(tmp_path), *specs], capture_output=True, text=True,
-                          timeout=600, env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+                          timeout=600, env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
     for i, arm in enumerate(("clean", "paired")):
         record = json.loads((tmp_path / f"r{i}.json").read_text())
         assert check_run_record(f"7/{arm}", record) == []
+
+
+def test_a_lone_rank_takes_a_fresh_port_for_each_job_and_keeps_a_launchers(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A job run in a process (or a child of one) where an earlier lone job exported its rendezvous
+    port must not reuse that port (EADDRINUSE in CI: the earlier job's store still held it); a
+    launcher's own RANK/MASTER_PORT are kept."""
+    from ggpo_batch.train.run import job
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", job.LONE_PORT_ENV):
+        monkeypatch.delenv(key, raising=False)
+    for key in [k for k in os.environ if k.startswith("SLURM_")]:
+        monkeypatch.delenv(key)
+    assert job._distributed_env() == (0, 1, 0, False)
+    first = os.environ["MASTER_PORT"]
+    ports = {first}
+    for _ in range(5):
+        job._distributed_env()
+        ports.add(os.environ["MASTER_PORT"])
+    assert len(ports) == 6  # a fresh one each time
+    monkeypatch.delenv(job.LONE_PORT_ENV)
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_PORT", "23456")
+    assert job._distributed_env() == (1, 2, 0, False) and os.environ["MASTER_PORT"] == "23456"
+
+
+def test_a_submitit_task_ignores_a_port_a_lone_rank_left_in_the_submitting_process(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """submitit takes an inherited MASTER_PORT as the rendezvous port: one a lone (debug) job had
+    chosen in the submitting process was still held there (EADDRINUSE in CI). A task drops it and
+    rendezvouses on the port submitit draws from the job id; a port the job's setup exported stays."""
+    from ggpo_batch.train.run import job
+
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
+        monkeypatch.delenv(key)
+    task = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NTASKS": "2",
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "1",
+            "SUBMITIT_LOCAL_LOCALID": "1"}
+    for key, value in task.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("MASTER_PORT", "23457")
+    monkeypatch.setenv(job.LONE_PORT_ENV, "23457")
+    assert job._distributed_env() == (1, 2, 1, True)
+    drawn = os.environ["MASTER_PORT"]
+    assert drawn != "23457" and 20000 <= int(drawn) <= 60000
+    monkeypatch.setenv("MASTER_PORT", "23458")  # the local executor's setup exports a free port of its own
+    assert job._distributed_env() == (1, 2, 1, True) and os.environ["MASTER_PORT"] == "23458"

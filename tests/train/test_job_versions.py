@@ -1,4 +1,4 @@
-"""The training job checks its allocation's libraries at its start (ggpo_batch/versions.py): a
+"""The training job checks its allocation's libraries at its start (ggpo_batch/train/versions.py): a
 too-old transformers (a planted dist-info first on the ranks' path) ends a real local run at once,
 before the process group or any training, with that cause."""
 
@@ -12,7 +12,7 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from ggpo_batch.errors import GgpoError
-from ggpo_batch.train.launch import train_local
+from ggpo_batch.train.run.launch import train_local
 from tests.test_versions import plant
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # a fresh fork server for the planted path: its imports

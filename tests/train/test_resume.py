@@ -19,11 +19,11 @@ import pytest
 
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.allocation import details_of
+from ggpo_batch.contracts.allocation import details_of
 from ggpo_batch.errors import GgpoError
-from ggpo_batch.train.checkpoint import META_NAME, PARTS
-from ggpo_batch.train.job import Preempted
-from ggpo_batch.train.launch import train_local
+from ggpo_batch.train.audit.checkpoint import META_NAME, PARTS, REFERENCE_NAME
+from ggpo_batch.train.run.job import Preempted
+from ggpo_batch.train.run.launch import train_local
 from tests.support.twins import assert_same_run, step_differences
 from tests.support.waiting import preempt_after_step
 from tests.train.conftest import make_spec
@@ -45,6 +45,16 @@ def run_pair(tmp_path: Path, spec: Any, *, nproc: int = 2, after_step: int = 2,
         train_local(spec, out, nproc=nproc, timeout=600)
     meta = json.loads((Path(f"{out}.ckpt") / META_NAME).read_text())
     assert meta["step"] >= after_step and meta["world_size"] == nproc and meta["parts"] == list(PARTS)
+    # ZeRO-2: the reference written once, by rank 0, and read back by every rank
+    tag = Path(f"{out}.ckpt") / meta["tag"]
+    assert (tag / REFERENCE_NAME).is_file()
+    for r in range(nproc):
+        import torch
+
+        from ggpo_batch.train.audit import checkpoint_pickle
+
+        loop = torch.load(tag / f"loop_rank{r}.pt", weights_only=False, pickle_module=checkpoint_pickle)
+        assert loop["reference"] is None and loop["reference_file"] == REFERENCE_NAME
     if wrong_world is not None:
         with pytest.raises(GgpoError) as refused:
             train_local(spec, out, nproc=wrong_world, timeout=600)
@@ -75,7 +85,7 @@ def _trainer(spec: Any) -> Any:
     import torch
 
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.run.trainer import Trainer
 
     return Trainer(spec, TrainConfig.from_table(spec.train, "<test>"), rank=0, world=1, device=torch.device("cpu"),
                    budget_seconds=spec.loop_budget_seconds)
@@ -125,6 +135,24 @@ def one_thread():  # type: ignore[no-untyped-def]
     torch.set_num_threads(before)
 
 
+def _as_older_release(whole: Path, older: Path) -> None:
+    """A copy of the checkpoint `whole` as a release before the shared reference file wrote it: the
+    reference inside the rank's own loop file, no reference.pt."""
+    import shutil
+
+    import torch
+
+    from ggpo_batch.train.audit import checkpoint_pickle
+
+    shutil.copytree(whole, older)
+    tag = older / json.loads((older / META_NAME).read_text())["tag"]
+    loop = torch.load(tag / "loop_rank0.pt", weights_only=False, pickle_module=checkpoint_pickle)
+    assert loop["reference"] is None and loop.pop("reference_file") == REFERENCE_NAME  # one rank wrote it once
+    loop["reference"] = torch.load(tag / REFERENCE_NAME, weights_only=True)
+    torch.save(loop, tag / "loop_rank0.pt")
+    (tag / REFERENCE_NAME).unlink()
+
+
 def test_every_part_of_the_checkpoint_is_needed_for_an_exact_resume(tmp_path: Path, one_rank: None,  # noqa: F811
                                                                     one_thread: None) -> None:
     """One trainer runs 6 steps; another runs 3, saves a checkpoint whole and once without each part;
@@ -144,8 +172,9 @@ def test_every_part_of_the_checkpoint_is_needed_for_an_exact_resume(tmp_path: Pa
     for omit in ("", *PARTS):
         stopped.save(tmp_path / (omit or "whole"), omit=(omit,) if omit else ())
     stopped.close()
+    _as_older_release(tmp_path / "whole", tmp_path / "older")
     seen = {}
-    for omit in ("", *PARTS):
+    for omit in ("", "older", *PARTS):
         resumed = _trainer(spec)
         assert resumed.load(tmp_path / (omit or "whole")) is not None
         loop_at_load = resumed.state.loop_seconds
@@ -154,6 +183,7 @@ def test_every_part_of_the_checkpoint_is_needed_for_an_exact_resume(tmp_path: Pa
         seen[omit] = differences(expected, _snapshot(resumed), loop_at_save, loop_at_load)
         resumed.close()
     assert seen[""] == {}, seen[""]
+    assert seen["older"] == {}, seen["older"]  # a checkpoint written before the shared reference file
     for part in PARTS:
         assert CAUGHT_BY[part] in seen[part], (part, seen[part])
     print("\n" + "\n".join(f"omit {p}: caught by {', '.join(sorted(seen[p]))}" for p in PARTS))
@@ -163,8 +193,8 @@ def test_the_curriculum_is_a_pure_function_of_seed_and_step() -> None:
     """Why a checkpoint carries no curriculum or sampler state: asked in any order, by any rank,
     two curricula of one seed give every step the same groups (and another seed other ones)."""
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.curriculum import Curriculum
-    from ggpo_batch.train.task import load
+    from ggpo_batch.train.task.curriculum import Curriculum
+    from ggpo_batch.train.task.qa import load
     from tests.support.arms import ARMS
 
     cfg = TrainConfig()

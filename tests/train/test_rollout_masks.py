@@ -6,16 +6,16 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("bm25s")
 pytestmark = pytest.mark.train
 
-from ggpo_batch.train.audit import audit
+from ggpo_batch.train.audit.audit import audit
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.environment import GENERATED, TOOL, run_episodes, start
-from ggpo_batch.train.ggpo import group_advantages
-from ggpo_batch.train.model import build_model, logprobs_of
-from ggpo_batch.train.retrieval import Retriever
-from ggpo_batch.train.rollout import Generation, RolloutBackend, TorchSampler
-from ggpo_batch.train.task import render, synthetic
-from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
-from ggpo_batch.train.batch import collate, loss_batch
+from ggpo_batch.train.policy.batch import collate, loss_batch
+from ggpo_batch.train.policy.ggpo import group_advantages
+from ggpo_batch.train.policy.model import build_model, logprobs_of
+from ggpo_batch.train.rollout.environment import GENERATED, TOOL, run_episodes, start
+from ggpo_batch.train.rollout.sampler import Generation, RolloutBackend, TorchSampler
+from ggpo_batch.train.task.qa import render, synthetic
+from ggpo_batch.train.task.retrieval import Retriever
+from ggpo_batch.train.task.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
 
 CFG = TrainConfig()
 DATA = synthetic(CFG)

@@ -7,9 +7,9 @@ pytest.importorskip("bm25s")
 pytestmark = pytest.mark.train
 
 from ggpo_batch.errors import SpecError
-from ggpo_batch.train import task
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.retrieval import Retriever
+from ggpo_batch.train.task import qa as task
+from ggpo_batch.train.task.retrieval import Retriever
 
 
 def test_synthetic_is_deterministic_and_has_unsupported_items():

@@ -9,12 +9,12 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.run_record import check_run_record, entry_key
-from ggpo_batch.train.checkpoint import META_NAME
+from ggpo_batch.contracts.run_record import check_run_record, entry_key
+from ggpo_batch.train.audit.checkpoint import META_NAME
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.job import Preempted, policy_dir
-from ggpo_batch.train.launch import train_local
-from ggpo_batch.train.model import build_model
+from ggpo_batch.train.policy.model import build_model
+from ggpo_batch.train.run.job import Preempted, policy_dir
+from ggpo_batch.train.run.launch import train_local
 from tests.support.waiting import preempt_after_step
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # 2-rank DeepSpeed runs: zero2_runs alone is 5 of them

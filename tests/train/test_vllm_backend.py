@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("vllm")
 
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.model import build_model, logprobs_of
-from ggpo_batch.train.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
+from ggpo_batch.train.policy.model import build_model, logprobs_of
+from ggpo_batch.train.task.tokenizer import DOC_CLOSE, DOC_OPEN, EOS, SEARCH, encode
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -33,11 +33,15 @@ def test_vllm_logprobs_follow_the_synced_weights(monkeypatch, tmp_path):
     monkeypatch.setenv("TMPDIR", str(long_tmp))
     monkeypatch.setattr(tempfile, "tempdir", None)
     monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.rollout.engine_size import engine_size
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
 
     cfg = TrainConfig()
     old, new = build_model(cfg, 0), build_model(cfg, 1)
-    backend = VllmBackend(old, seed=0)
+    # sized for the job: two prompts, one sample each (vLLM's default room is 1,024 sequences)
+    size = engine_size(prompts_per_step=2, group_size=1, eval_items=1, eval_samples=1, world=1)
+    backend = VllmBackend(old, seed=0, size=size)
+    assert backend.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs == size.max_num_seqs == 2
     sockets = backend.rpc_dir
     assert sockets is not None and sockets.is_dir() and os.environ["VLLM_RPC_BASE_PATH"] == str(sockets)
     try:
@@ -58,8 +62,8 @@ def test_vllm_logprobs_follow_the_synced_weights(monkeypatch, tmp_path):
 
 def test_training_job_runs_with_vllm_rollouts(tmp_path, monkeypatch, spec_for):
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    from ggpo_batch.run_record import check_run_record
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.run_record import check_run_record
+    from ggpo_batch.train.run.launch import train_local
 
     rec = train_local(spec_for("paired", budget=1.0, rollout="vllm"), tmp_path / "r.json", nproc=1, timeout=400)
     assert check_run_record("7/paired", rec) == []

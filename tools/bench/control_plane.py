@@ -96,9 +96,9 @@ def empty_status_line(env: dict[str, str], workdir: Path, repeat: int) -> str:
 
 def fill(db_url: str, redis_url: str, n: int) -> None:
     """N queued runs of experiment `cp` in the ledger, and their N jobs on queue `cpq`."""
+    from ggpo_batch.control.queue import RunQueue
     from ggpo_batch.ledger import NewRun, connect, upgrade
     from ggpo_batch.ledger.db import make_engine
-    from ggpo_batch.queue import RunQueue
 
     engine = make_engine(db_url)
     upgrade(engine)

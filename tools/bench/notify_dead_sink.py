@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 
-from ggpo_batch.config import load_settings
+from ggpo_batch.config.settings import load_settings
 from ggpo_batch.ledger import connect, upgrade
 from ggpo_batch.ledger.db import make_engine
 from ggpo_batch.notify.cycle import notify_cycle

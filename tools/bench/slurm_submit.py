@@ -95,19 +95,19 @@ def main(argv: list[str] | None = None) -> int:
     log = tmp / "slurm-calls.log"
     install_shims(tmp / "shims", log)
 
-    from ggpo_batch.allocation import attempt_folder
-    from ggpo_batch.config import load_settings
-    from ggpo_batch.enqueue import enqueue_spec
+    from ggpo_batch.config.settings import load_settings
+    from ggpo_batch.contracts.allocation import attempt_folder
+    from ggpo_batch.contracts.runspec import RunSpec
+    from ggpo_batch.control.enqueue import enqueue_spec
+    from ggpo_batch.control.queue import RunQueue
+    from ggpo_batch.control.reconcile import reconcile
+    from ggpo_batch.control.worker import submit_run
     from ggpo_batch.executor import make_executor
     from ggpo_batch.executor.pacing import Unpaced, bucket_key
     from ggpo_batch.executor.sacct import Sacct
     from ggpo_batch.ledger import connect, upgrade
     from ggpo_batch.ledger.db import make_engine
-    from ggpo_batch.queue import RunQueue
-    from ggpo_batch.reconcile import reconcile
-    from ggpo_batch.runspec import RunSpec
-    from ggpo_batch.spec import load_spec
-    from ggpo_batch.worker import submit_run
+    from ggpo_batch.spec.parse import load_spec
 
     tag = uuid.uuid4().hex[:8]
     db_url = f"sqlite:///{tmp / 'ledger.sqlite3'}"

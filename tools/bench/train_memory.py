@@ -1,6 +1,6 @@
 """Peak memory of one ggpo training step on the CPU: chunked log-probs vs full logits, in one run.
 
-Both train the same tiny Qwen2-architecture checkpoint (ggpo_batch/train/tiny_hf.py) given a large
+Both train the same tiny Qwen2-architecture checkpoint (ggpo_batch/train/task/tiny_hf.py) given a large
 vocabulary (default 32,768 rows, hidden 64) so that the logits dominate, on the same rollouts, one
 rank (gloo), DeepSpeed ZeRO-2, float32, the rank's whole batch in one pass (micro_batch_size 0).
 Each mode runs in its own process: it rolls out once, takes one warm-up step on those rollouts
@@ -45,9 +45,9 @@ def child(args: argparse.Namespace) -> None:
     import deepspeed
     import torch
 
-    from ggpo_batch.runspec import ArmSpec, RunSpec
+    from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.run.trainer import Trainer
 
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     data = json.loads(args.data)
@@ -89,8 +89,8 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    from ggpo_batch.netutil import free_port
-    from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+    from ggpo_batch.common.netutil import free_port
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint, build_qa_set
 
     with tempfile.TemporaryDirectory() as tmp:
         model = build_checkpoint(Path(tmp) / "model", vocab_size=args.vocab)

@@ -1,7 +1,7 @@
 """Seconds per training step on the CPU: our ggpo trainer vs TRL's GRPOTrainer, measured in one run.
 
 Both train the same tiny Hugging Face checkpoint (a Qwen2-architecture model with a BPE tokenizer and
-a ChatML chat template, built offline by ggpo_batch/train/tiny_hf.py) on the same two-hop QA items
+a ChatML chat template, built offline by ggpo_batch/train/task/tiny_hf.py) on the same two-hop QA items
 ([train.data] JSONL), with the same prompt (the chat template around the tool instructions and the
 question), verifier reward, group size, prompts per step, completion length, temperature, learning
 rate, clip range and KL coefficient (TRL's loss_type="bnpo", the ggpo loss; see
@@ -29,12 +29,12 @@ os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
 import torch
 
-from ggpo_batch.netutil import free_port
-from ggpo_batch.runspec import ArmSpec, RunSpec
-from ggpo_batch.train.codec import ANSWER_CLOSE, ANSWER_OPEN, instruction
+from ggpo_batch.common.netutil import free_port
+from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.task import TEMPLATES, Item, read_items, score
-from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+from ggpo_batch.train.task.codec import ANSWER_CLOSE, ANSWER_OPEN, instruction
+from ggpo_batch.train.task.qa import TEMPLATES, Item, read_items, score
+from ggpo_batch.train.task.tiny_hf import build_checkpoint, build_qa_set
 
 PROMPTS, G, NEW_TOKENS, LR, CLIP, KL, TEMPERATURE = 4, 4, 24, 1e-3, 0.2, 0.02, 1.0
 
@@ -61,7 +61,7 @@ def config(model: Path, data: dict[str, Path]) -> TrainConfig:
 def time_ours(cfg: TrainConfig, steps: int, warmup: int) -> tuple[list[float], list[float]]:
     import deepspeed
 
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.run.trainer import Trainer
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)

@@ -2,7 +2,7 @@
 budget) with MLflow tracking off (the baseline, measured in the same run), on a new SQLite store,
 and with GGPO_MLFLOW_URI at a closed port, at a server that accepts and never answers, and at a
 PostgreSQL server that refuses the store (a database it does not have): tracking never holds
-training (ggpo_batch/tracking.py), so each unusable store adds at most its bounds.
+training (ggpo_batch/train/run/tracking.py), so each unusable store adds at most its bounds.
 
     PYTHONPATH=. .venv/bin/python tools/bench/train_tracking.py [--pg postgresql+psycopg://postgres@127.0.0.1:5432]
 """

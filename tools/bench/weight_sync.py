@@ -5,7 +5,7 @@ process (the external launcher, as the trainer runs it). Each round pushes fresh
 weights both ways and times them: the baseline is what `VllmBackend.sync_weights` did before
 (every tensor to float32 on the CPU, `safetensors.save_file` to a temporary folder, the worker
 loads the file); the new path streams the tensors into the worker's `load_weights`
-(`ggpo_batch/train/vllm_worker.py`). After each push the engine's prompt log-probs must equal the
+(`ggpo_batch/train/rollout/vllm_worker.py`). After each push the engine's prompt log-probs must equal the
 policy's (< 1e-4), so both paths are checked to have taken effect. Prints the median seconds of
 each and the ratio baseline / in-memory.
 
@@ -36,17 +36,17 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from ggpo_batch.netutil import free_port
+    from ggpo_batch.common.netutil import free_port
 
     os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo")
     from safetensors.torch import load_file, save_file
 
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.model import build_model
-    from ggpo_batch.train.rollout import sequence_logprobs
-    from ggpo_batch.train.tokenizer import encode
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.policy.model import build_model
+    from ggpo_batch.train.rollout.sampler import sequence_logprobs
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+    from ggpo_batch.train.task.tokenizer import encode
 
     policy = build_model(TrainConfig(n_embd=args.n_embd, n_layer=args.n_layer, n_head=8), 0)
     n_params = sum(p.numel() for p in policy.parameters())

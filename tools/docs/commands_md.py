@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ggpo_batch.cli import cli
-from ggpo_batch.datafiles import PACKAGE_DIR
+from ggpo_batch.common.datafiles import PACKAGE_DIR
 from ggpo_batch.errors import EXIT_CODES
 
 WIDTH = 100  # the help's width on the page (the CLI's own max_content_width)

@@ -1,19 +1,19 @@
 """docs/reference/records.md: the run result record (one entry of seeds/000), from the key lists and
-stamps of ggpo_batch/run_record.py, and the details file beside it, from the keys the training job
-writes (read from ggpo_batch/train/job.py's `details = {...}`: a key added there without a line here
+stamps of ggpo_batch/contracts/run_record.py, and the details file beside it, from the keys the training job
+writes (read from ggpo_batch/train/run/job.py's `details = {...}`: a key added there without a line here
 stops the page from being written)."""
 
 from __future__ import annotations
 
 import ast
 
-from ggpo_batch import run_record as rr
-from ggpo_batch.allocation import DETAILS_SUFFIX, POLICY_SUFFIX, RECORD_NAME
-from ggpo_batch.datafiles import PACKAGE_DIR
+from ggpo_batch.common.datafiles import PACKAGE_DIR
+from ggpo_batch.contracts import run_record as rr
+from ggpo_batch.contracts.allocation import DETAILS_SUFFIX, POLICY_SUFFIX, RECORD_NAME
 
-GENERATED = ("<!-- Generated from ggpo_batch/run_record.py and ggpo_batch/train/job.py (the details' keys) by "
+GENERATED = ("<!-- Generated from ggpo_batch/contracts/run_record.py and ggpo_batch/train/run/job.py (the details' keys) by "
              "`python tools/docs/reference.py`; tests/test_docs.py fails when it is stale. -->")
-JOB = PACKAGE_DIR / "train" / "job.py"
+JOB = PACKAGE_DIR / "train" / "run" / "job.py"
 
 # What each key of the details file holds.
 DETAILS: dict[str, str] = {
@@ -27,6 +27,8 @@ DETAILS: dict[str, str] = {
     "evaluation": "one row per held-out item: id, `exposed`, reward, gold answer and the answer(s); the decoding",
     "trained_item_ids": "every item trained on (an evaluation after training counts them as exposed)",
     "audit": "what the rollout audit checked and every problem (`audit.weight_sync_probe`: the run's probes)",
+    "reward": "the run's rewards (`[train.task] reward`) and their counts (`math_unparsed`: completions math-verify "
+              "could not parse in its time, scored 0)",
     "resumed": "whether this allocation resumed from a checkpoint",
     "world_size": "ranks of the allocation",
     "rollout": "the rollout backend",
@@ -56,7 +58,7 @@ BLOCKS = {  # the record's blocks, their keys' tuple in run_record.py, and what 
 
 
 def details_keys_in_job() -> list[str]:
-    """The keys of the dict literal assigned to `details` in train/job.py."""
+    """The keys of the dict literal assigned to `details` in train/run/job.py."""
     for node in ast.walk(ast.parse(JOB.read_text())):
         if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
                 and any(isinstance(t, ast.Name) and t.id == "details" for t in node.targets)):
@@ -66,9 +68,9 @@ def details_keys_in_job() -> list[str]:
 
 def problems() -> list[str]:
     written = details_keys_in_job()
-    out = [f"details.{k}: written by train/job.py, not described in tools/docs/records_md.py"
+    out = [f"details.{k}: written by train/run/job.py, not described in tools/docs/records_md.py"
            for k in written if k not in DETAILS]
-    out += [f"details.{k}: described in tools/docs/records_md.py, no longer written by train/job.py"
+    out += [f"details.{k}: described in tools/docs/records_md.py, no longer written by train/run/job.py"
             for k in DETAILS if k not in written]
     return out
 
@@ -81,7 +83,7 @@ def markdown() -> str:
              (f"A training attempt writes `{RECORD_NAME}` (the run result record) and `{RECORD_NAME}{DETAILS_SUFFIX}` "
              "(its details) in its attempt folder (`$GGPO_DATA_DIR/jobs/<run>/attempt-N/`). The record has the "
              "schema of one entry of the reference file `seeds/000` (`tests/data/000_b2e3fe1f0148d43c.txt`, keyed "
-             "`\"<seed>/<arm>\"`), which `ledger import` reads too; `ggpo_batch/run_record.py` checks both. "
+             "`\"<seed>/<arm>\"`), which `ledger import` reads too; `ggpo_batch/contracts/run_record.py` checks both. "
              "Units: seconds, GPU-hours, token counts. The JSON documents the commands print are in "
              "[json.md](../json.md)."), "",
              "## Stamps", "",

@@ -1,12 +1,13 @@
 """Write the generated reference pages of docs/reference/, or with --check say which are stale.
 
-    python tools/docs/reference.py           # (re)write docs/reference/{spec,commands,settings,records}.md
+    python tools/docs/reference.py           # (re)write docs/reference/{spec,commands,settings,records}.md, json/
     python tools/docs/reference.py --check   # exit 1 naming each page that differs from the code
 
-spec.md comes from the spec's field table (ggpo_batch/spec_fields.py), commands.md from the click
-commands and ggpo_batch/errors.py (tools/docs/commands_md.py), settings.md from ggpo_batch/config.py
-(tools/docs/settings_md.py), records.md from ggpo_batch/run_record.py and the keys train/job.py writes
-(tools/docs/records_md.py). The pages must not depend on the machine: the home folder and the
+spec.md comes from the spec's field table (ggpo_batch/contracts/spec_fields.py), commands.md from the click
+commands and ggpo_batch/errors.py (tools/docs/commands_md.py), settings.md from ggpo_batch/config/settings.py
+(tools/docs/settings_md.py), records.md from ggpo_batch/contracts/run_record.py and the keys train/job.py writes
+(tools/docs/records_md.py), json/*.schema.json from the recorded types of the `--json` documents
+(tools/docs/json_schemas.py). The pages must not depend on the machine: the home folder and the
 checkout's path are written as `~` and `ggpo_batch`, and XDG_CONFIG_HOME is ignored.
 """
 
@@ -25,11 +26,13 @@ HINT = "run `python tools/docs/reference.py` to regenerate it"
 
 def pages() -> dict[str, Callable[[], str]]:
     """Each generated page's file name and its renderer."""
-    from ggpo_batch import spec_fields
-    from tools.docs import commands_md, records_md, settings_md
+    from ggpo_batch.contracts import spec_fields
+    from tools.docs import commands_md, json_schemas, records_md, settings_md
 
     return {"spec.md": spec_fields.markdown, "commands.md": commands_md.markdown, "settings.md": settings_md.markdown,
-            "records.md": records_md.markdown}
+            "records.md": records_md.markdown,
+            **{name: (lambda text=text: text) for name, text in json_schemas.document_schemas().items()},
+            **{name: (lambda text=text: text) for name, text in json_schemas.contract_schemas().items()}}
 
 
 def main(argv: list[str] | None = None) -> int:

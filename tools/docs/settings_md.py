@@ -11,12 +11,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ggpo_batch.config import setting_names
-from ggpo_batch.datafiles import PACKAGE_DIR
-from ggpo_batch.settings_file import is_secret
-from ggpo_batch.settings_view import effective_settings
+from ggpo_batch.common.datafiles import PACKAGE_DIR
+from ggpo_batch.config.files import is_secret
+from ggpo_batch.config.settings import setting_names
+from ggpo_batch.config.settings_view import effective_settings
 
-GENERATED = ("<!-- Generated from ggpo_batch/config.py (the settings it reads and their defaults) and "
+GENERATED = ("<!-- Generated from ggpo_batch/config/settings.py (the settings it reads and their defaults) and "
              "tools/docs/settings_md.py (their meanings) by `python tools/docs/reference.py`; tests/test_docs.py "
              "fails when it is stale. -->")
 
@@ -41,6 +41,8 @@ SETTINGS: dict[str, tuple[str, str | None]] = {
     "GGPO_HUNG_AFTER_SECONDS": ("a running run silent (no heartbeat) for longer is flagged hung in `status`", None),
     "GGPO_DASHBOARD_TOKEN": ("required by `dashboard --host` other than 127.0.0.1; then every request carries it",
                              None),
+    "GGPO_LOG_FORMAT": (("`text`, or `json`: one JSON object a log line (time, level, logger, message, run key, "
+                         "attempt, job id), for commands, workers, their jobs and the nightly tier"), None),
     "GGPO_MLFLOW_URI": ("MLflow tracking store of every attempt, e.g. `sqlite:///srv/mlflow/mlflow.db`", "none (off)"),
     "GGPO_FAULT_PAUSE": (("fault injection for the fault suite: `POINT=SECONDS` a worker sleeps at a named point "
                          "of a submission (tests only)"), None),
@@ -68,12 +70,14 @@ ENVIRONMENT_ONLY = {
     "GGPO_IMAGE_DIGEST": "the digest of the image the allocation runs (e.g. `sha256:...`), set in the workers' "
                          "environment; recorded in each attempt's provenance",
 }
-# Set by ggpo-batch in a job's environment (the batch script exports them; ggpo_batch/allocation.py).
+# Set by ggpo-batch in a job's environment (the batch script exports them; ggpo_batch/contracts/allocation.py).
 FOR_JOBS = {
     "GGPO_ALLOC_START": "the allocation's start (epoch seconds), so the job's own GPU-hours include interpreter "
                         "and torch start-up, as the scheduler's do",
     "GGPO_TIME_LIMIT_S": "the allocation's time limit (seconds): the job's save deadline is start + limit - delay",
     "GGPO_SIGNAL_DELAY_S": "the profile's signal delay (seconds)",
+    "GGPO_LONE_RANK_PORT": "the rendezvous port a job alone in its process chose for itself (a later job in the "
+                           "process, or a child, takes a fresh one instead of reusing it)",
 }
 _NAME = re.compile(r"\"(GGPO_[A-Z0-9_]*[A-Z0-9])\"")
 
@@ -88,7 +92,7 @@ def problems() -> list[str]:
     names no longer read, `GGPO_` names of the package the page does not list."""
     read = setting_names()
     listed = set(SETTINGS) | set(ENVIRONMENT_ONLY) | set(FOR_JOBS)
-    out = [f"{n}: read by ggpo_batch/config.py, no meaning in tools/docs/settings_md.py" for n in sorted(read - set(SETTINGS))]
+    out = [f"{n}: read by ggpo_batch/config/settings.py, no meaning in tools/docs/settings_md.py" for n in sorted(read - set(SETTINGS))]
     out += [f"{n}: in tools/docs/settings_md.py, no longer a setting" for n in sorted(set(SETTINGS) - read)]
     out += [f"{n}: a GGPO_ name of the package that tools/docs/settings_md.py does not list"
             for n in sorted(names_in_package() - listed)]

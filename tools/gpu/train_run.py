@@ -10,9 +10,9 @@ import os
 import sys
 from pathlib import Path
 
-from ggpo_batch.run_record import check_run_record, entry_key
-from ggpo_batch.runspec import ArmSpec, RunSpec
-from ggpo_batch.train.job import TrainingJob
+from ggpo_batch.contracts.run_record import check_run_record, entry_key
+from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
+from ggpo_batch.train.run.job import TrainingJob
 
 
 def main() -> int:

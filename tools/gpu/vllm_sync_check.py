@@ -12,10 +12,10 @@ import time
 import torch
 
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.memory_order import free_cached_blocks, update_then_refill
-from ggpo_batch.train.model import build_model, logprobs_of
-from ggpo_batch.train.tokenizer import encode
-from ggpo_batch.train.vllm_backend import VllmBackend
+from ggpo_batch.train.policy.model import build_model, logprobs_of
+from ggpo_batch.train.rollout.memory_order import free_cached_blocks, update_then_refill
+from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+from ggpo_batch.train.task.tokenizer import encode
 
 TOL_SAME = 0.08  # bf16 engine vs fp32 policy
 TOL_MOVED = 0.5
@@ -43,7 +43,7 @@ def main() -> int:
     n_tok = sum(len(g.tokens) for g in before)
     print(f"sampled {n_tok} tokens in {time.time() - t:.2f}s ({n_tok / (time.time() - t):.0f} tokens/s)")
     g_before = gap(old, prompts, before)
-    # as around a DeepSpeed update (train/memory_order.py): sleep, free torch's cache, wake, push, wake
+    # as around a DeepSpeed update (train/rollout/memory_order.py): sleep, free torch's cache, wake, push, wake
     update_then_refill(backend, lambda: None, lambda: backend.sync_weights({k: v.detach() for k, v in
                                                                             new.named_parameters()}),
                        free_cached_blocks(torch.device("cuda")))

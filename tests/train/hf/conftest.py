@@ -1,6 +1,6 @@
 """The real-model path's fixtures: a tiny Qwen2-architecture checkpoint with a BPE tokenizer trained on
 the project's generated QA text and a ChatML chat template, and a multi-hop QA set in the
-`[train.data]` format, both built offline once per session (ggpo_batch/train/tiny_hf.py)."""
+`[train.data]` format, both built offline once per session (ggpo_batch/train/task/tiny_hf.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from ggpo_batch.runspec import RunSpec
-from ggpo_batch.train.tiny_hf import build_checkpoint, build_qa_set
+from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.train.task.tiny_hf import build_checkpoint, build_qa_set
 from tests.support.arms import ARMS
 from tests.support.specs import one_seed_spec
 
@@ -64,8 +64,8 @@ def one_rank():  # type: ignore[no-untyped-def]
     pytest.importorskip("deepspeed")
     import os
 
-    from ggpo_batch.netutil import free_port
-    from ggpo_batch.train.job import init_process_group, release_process_group
+    from ggpo_batch.common.netutil import free_port
+    from ggpo_batch.train.run.job import init_process_group, release_process_group
 
     saved = dict(os.environ)
     os.environ.update({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
@@ -122,6 +122,6 @@ def write(tmp_path, tiny_hf, qa_files):  # type: ignore[no-untyped-def]
 def thinking_hf(tiny_hf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny checkpoint with a Qwen3-like hybrid chat template: it reads `enable_thinking` and
     thinks by default (tiny_hf.THINKING_CHAT_TEMPLATE)."""
-    from ggpo_batch.train.tiny_hf import THINKING_CHAT_TEMPLATE, with_chat_template
+    from ggpo_batch.train.task.tiny_hf import THINKING_CHAT_TEMPLATE, with_chat_template
 
     return with_chat_template(tiny_hf, tmp_path_factory.mktemp("thinking-hf") / "model", THINKING_CHAT_TEMPLATE)

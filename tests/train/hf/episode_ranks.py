@@ -25,12 +25,13 @@ def main(out: str, model_dir: str, qa_dir: str, tp: int) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    from ggpo_batch.train import environment, rollouts
-    from ggpo_batch.train.codec import HfCodec
-    from ggpo_batch.train.hf import eos_ids, load_tokenizer
-    from ggpo_batch.train.retrieval import Retriever
-    from ggpo_batch.train.task import read_items, read_passages
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.rollout import continuous as rollouts
+    from ggpo_batch.train.pretrained.hf import eos_ids, load_tokenizer
+    from ggpo_batch.train.rollout import environment
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+    from ggpo_batch.train.task.codec import HfCodec
+    from ggpo_batch.train.task.qa import read_items, read_passages
+    from ggpo_batch.train.task.retrieval import Retriever
     from tests.train.colocated_ranks import finish
 
     rank = dist.get_rank()

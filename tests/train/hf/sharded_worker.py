@@ -17,12 +17,12 @@ def main(argv: list[str]) -> int:
     import torch
     import torch.distributed as dist
 
-    from ggpo_batch.runspec import RunSpec
+    from ggpo_batch.contracts.runspec import RunSpec
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.job import init_process_group
-    from ggpo_batch.train.model import full_state_dict, named_full_parameters
-    from ggpo_batch.train.reference import resident_elements
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.policy.model import full_state_dict, named_full_parameters
+    from ggpo_batch.train.policy.reference import resident_elements
+    from ggpo_batch.train.run.job import init_process_group
+    from ggpo_batch.train.run.trainer import Trainer
 
     spec_file, prefix = Path(argv[0]), argv[1]
     init_process_group(cuda=False)

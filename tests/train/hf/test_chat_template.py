@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight
 from ggpo_batch.errors import SpecError
-from ggpo_batch.spec import load_spec
-from ggpo_batch.train import chat_template
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.tiny_hf import (
+from ggpo_batch.train.pretrained import chat_template
+from ggpo_batch.train.task.tiny_hf import (
     ALWAYS_THINKING_CHAT_TEMPLATE,
     CHAT_TEMPLATE,
     THINKING_CHAT_TEMPLATE,
@@ -116,7 +116,7 @@ def test_train_refuses_a_thinking_template_left_at_its_default_with_exit_2(write
 
 
 def _codec(model: Path, kwargs: dict):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.codec import make_codec
+    from ggpo_batch.train.task.codec import make_codec
 
     cfg = TrainConfig.from_table({"model": {"path": str(model), "chat_template_kwargs": kwargs}}, "t")
     return make_codec(cfg)
@@ -131,9 +131,9 @@ def test_training_evaluation_and_probe_prompts_carry_the_kwargs(one_rank, hf_spe
 
     import torch
 
-    from ggpo_batch.train.evaluation import EVAL_TEMPLATE
-    from ggpo_batch.train.trainer import Trainer
-    from ggpo_batch.train.weight_sync import probe_sequence
+    from ggpo_batch.train.run.evaluation import EVAL_TEMPLATE
+    from ggpo_batch.train.run.trainer import Trainer
+    from ggpo_batch.train.run.weight_sync import probe_sequence
 
     spec = hf_spec("clean", budget=1e9)
     model = {**spec.train["model"], "path": str(thinking_hf), "chat_template_kwargs": {"enable_thinking": False}}

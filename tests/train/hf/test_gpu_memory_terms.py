@@ -1,4 +1,4 @@
-"""The DeepSpeed settings the memory formula (ggpo_batch/gpu_memory.py) assumes are the ones the
+"""The DeepSpeed settings the memory formula (ggpo_batch/train/policy/gpu_memory.py) assumes are the ones the
 trainer's engine really runs with: ZeRO's bucket sizes and overlap (the trainer's GPU settings; the
 CPU keeps DeepSpeed's defaults), torch's AdamW, and a second communicator (DeepSpeed's clone of the
 world group) beside torch's own."""
@@ -27,9 +27,9 @@ def test_the_trainers_engine_runs_with_the_settings_the_formula_assumes(one_rank
     import torch.distributed as dist
     from deepspeed.utils import groups
 
-    from ggpo_batch import gpu_memory
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.policy import gpu_memory
+    from ggpo_batch.train.run.trainer import Trainer
 
     spec = hf_spec("clean", budget=1e9)
     trainer = Trainer(spec, TrainConfig.from_table(spec.train, "t"), rank=0, world=1, device=torch.device("cpu"),
@@ -45,6 +45,8 @@ def test_the_trainers_engine_runs_with_the_settings_the_formula_assumes(one_rank
         assert gpu_zero.allgather_bucket_size == gpu_memory.ALLGATHER_BUCKET_ELEMENTS
         assert gpu_zero.overlap_comm is gpu_memory.OVERLAP_COMM and gpu_zero.contiguous_gradients
         assert type(trainer.engine.basic_optimizer) is torch.optim.AdamW  # foreach AdamW: the adam_step term
+        # Gradients accumulated and reduced in float32 (the gradients and fp32_gradients terms).
+        assert zero.gradient_accumulation_dtype == torch.float32 == zero.communication_data_type
         # ZeRO reduces over DeepSpeed's own group: a communicator of its own beside torch's world group.
         assert zero.dp_process_group is groups._WORLD_GROUP and groups._WORLD_GROUP is not dist.group.WORLD
         assert gpu_memory.TRAINER_COMMUNICATORS == 2

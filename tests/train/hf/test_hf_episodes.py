@@ -20,7 +20,7 @@ from tests.train.test_vllm_colocated import start_ranks
 @pytest.fixture(scope="module")
 def shaped(tmp_path_factory, tiny_hf):  # type: ignore[no-untyped-def]
     """The tiny checkpoint with episodes of a known shape: short search calls, answers of 1 to ~100 words."""
-    from ggpo_batch.train.tiny_hf import set_turn_lengths
+    from ggpo_batch.train.task.tiny_hf import set_turn_lengths
 
     folder = tmp_path_factory.mktemp("shaped") / "model"
     shutil.copytree(tiny_hf, folder)

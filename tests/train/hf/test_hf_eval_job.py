@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.evaluation_jobs import check_evaluation_record
-from ggpo_batch.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
+from ggpo_batch.contracts.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
+from ggpo_batch.control.evaluation_jobs import check_evaluation_record
 from tests.support.paths import REPO
 from tests.train.hf.conftest import train_table
 
@@ -22,16 +22,16 @@ pytestmark = [pytest.mark.train, pytest.mark.slow]
 
 RUN = """
 import sys
-from ggpo_batch.train.eval_job import EvaluationJob
+from ggpo_batch.train.run.eval_job import EvaluationJob
 EvaluationJob(open(sys.argv[1]).read(), sys.argv[2])()
 """
 
 
 def test_an_evaluation_after_training_reproduces_the_trainings_own(thinking_hf: Path, qa_files: dict[str, Path],  # type: ignore[no-untyped-def]
                                                                     tmp_path: Path) -> None:
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.runspec import RunSpec
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.runspec import RunSpec
+    from ggpo_batch.train.run.launch import train_local
     from tests.support.arms import ARMS
 
     # sampled answers (two per item, the same seeds): a random tiny policy's greedy turn is often
@@ -62,9 +62,9 @@ def test_an_evaluation_after_training_reproduces_the_trainings_own(thinking_hf: 
     rec = json.loads(record.read_text())
     assert check_evaluation_record(rec, ev, set(details["trained_item_ids"]), details["policy_sha256"]) == []
     # the prompts it scored: the run's chat template with the run's keywords (thinking off)
-    from ggpo_batch.train.codec import HfCodec
-    from ggpo_batch.train.hf import eos_ids, load_tokenizer
-    from ggpo_batch.train.task import read_items
+    from ggpo_batch.train.pretrained.hf import eos_ids, load_tokenizer
+    from ggpo_batch.train.task.codec import HfCodec
+    from ggpo_batch.train.task.qa import read_items
 
     def prompts_sha256(**kwargs: object) -> str:
         codec = HfCodec(load_tokenizer(thinking_hf), max_model_len=1024, eos_ids=eos_ids(thinking_hf),

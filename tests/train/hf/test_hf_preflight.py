@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
+from ggpo_batch.train.policy import gpu_memory
 from tests.support.paths import JOBS
 
 
@@ -123,7 +124,7 @@ def test_a_hub_id_is_taken_from_the_local_hugging_face_cache_only(write, tmp_pat
     nothing is downloaded, an uncached id is refused (see CASES)."""
     import huggingface_hub.constants
 
-    from ggpo_batch.train import hf
+    from ggpo_batch.train.pretrained import hf
 
     cache = tmp_path / "hub"
     commit = "0123456789abcdef0123456789abcdef01234567"
@@ -169,26 +170,26 @@ def test_gpu_memory_is_checked_against_the_profile(write, tmp_path):  # type: ig
 
 def test_memory_formula_for_the_reference_model_sizes():  # type: ignore[no-untyped-def]
     """The module's formula, figure by figure, for a 1.7B-class model (bf16, ZeRO-2 on 4 GPUs)."""
-    gib = preflight.GIB
+    gib = gpu_memory.GIB
     p = 2_000_000_000
-    parts = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
+    parts = gpu_memory.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
                                       hidden=2048, layers=28, vocab=151936, gradient_checkpointing=True,
                                       rollout="vllm", vllm_fraction=0.35, gpu_bytes=80 * gib)
-    assert parts["weights"] == 2 * p and parts["gradients"] == 2 * p / 4 and parts["optimizer"] == 12 * p / 4
+    assert parts["weights"] == 2 * p and parts["gradients"] == 4 * p / 4 and parts["optimizer"] == 12 * p / 4
     assert parts["reference"] == 2 * p and parts["rollout"] == 0.35 * 80 * gib
     assert parts["activations"] == 8192 * 2048 * 28 * 2 and parts["logits"] == 8192 * 151936 * 10  # unchunked
     assert parts["total"] == pytest.approx(sum(v for k, v in parts.items() if k != "total"))
-    z3 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=3, rows=1, seq_len=8192,
+    z3 = gpu_memory.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=3, rows=1, seq_len=8192,
                                    hidden=2048, layers=28, vocab=151936, gradient_checkpointing=True,
                                    rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
     assert z3["weights"] == 2 * p / 4 and z3["rollout"] == 2 * p  # the torch sampler's behaviour copy
     assert z3["reference"] == 2 * p / 4  # partitioned like the policy
-    z2 = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
+    z2 = gpu_memory.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
                                    hidden=2048, layers=28, vocab=151936, gradient_checkpointing=False,
                                    rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib)
     assert z2["rollout"] == 0  # it samples from the policy module itself
     assert z2["activations"] == 8192 * 2048 * 28 * 34
-    chunked = preflight.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
+    chunked = gpu_memory.memory_estimate(parameters=p, dtype_bytes=2, ranks=4, zero_stage=2, rows=1, seq_len=8192,
                                         hidden=2048, layers=28, vocab=151936, gradient_checkpointing=False,
                                         rollout="torch", vllm_fraction=0.35, gpu_bytes=80 * gib, chunk_tokens=1024,
                                         chunk_vocab=32768)
@@ -267,8 +268,8 @@ def test_the_flagship_specs_old_failure_is_an_enqueue_time_exit_2(cli_env, ledge
 @pytest.mark.train
 @pytest.mark.slow
 def test_enqueue_and_worker_train_the_checkpoint_to_a_succeeded_run(cli_env, ledger, redis_url, write, tiny_hf):  # type: ignore[no-untyped-def]
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED, check_run_record
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.run_record import TRAINING_STATUS_VALIDATED, check_run_record
 
     path = write(name="hf-e2e")
     res = _enqueue(str(path), "--arms", "paired")

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # 2-rank DeepSpeed runs of a checkpoint: 7-25 s a test
 
-from ggpo_batch.allocation import details_of
-from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED, check_run_record, entry_key
-from ggpo_batch.train.job import policy_dir
-from ggpo_batch.train.launch import train_local
+from ggpo_batch.contracts.allocation import details_of
+from ggpo_batch.contracts.run_record import TRAINING_STATUS_VALIDATED, check_run_record, entry_key
+from ggpo_batch.train.run.job import policy_dir
+from ggpo_batch.train.run.launch import train_local
 
 SPEC = """
 schema = 1
@@ -86,8 +86,11 @@ def test_cli_train_takes_a_checkpoint_and_jsonl_data_to_a_validated_record(z2, t
     assert check_run_record(entry_key(7, "paired_answer"), rec) == []
     assert rec["training"]["status"] == TRAINING_STATUS_VALIDATED, details["audit"]["problems"]
     assert details["audit"]["problems"] == [] and details["audit"]["generated_tokens_checked"] > 0
-    assert details["model"] == {"path": str(tiny_hf), "resolved": str(tiny_hf), "dtype": "float32"}
-    assert details["data"] == {k: str(v) for k, v in qa_files.items()}
+    prompts = details["model"].pop("chat_template")
+    assert details["model"] == {"path": str(tiny_hf), "resolved": str(tiny_hf), "dtype": "float32",
+                                "end_of_turn": "<|im_end|>"}
+    assert prompts["kwargs"] == {} and len(prompts["sha256"]) == 64 and "<|im_start|>assistant" in prompts["rendering"]
+    assert details["data"] == {**{k: str(v) for k, v in qa_files.items()}, "columns": {}}  # no column renamed
     c = rec["training"]["counts"]
     assert c["steps"] >= 1 and c["trajectories"] == c["steps"] * 4 * 4 and c["actual_exposed"] >= 2
     assert len(set(details["rank_policy_sha256"])) == 1 and len(details["rank_policy_sha256"]) == 2
@@ -100,7 +103,7 @@ def test_exported_policy_is_a_hugging_face_directory_that_reloads(z2, tiny_hf): 
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ggpo_batch.train.hf import directory_sha256
+    from ggpo_batch.train.pretrained.hf import directory_sha256
 
     out, _, details = z2
     folder = policy_dir(out)
@@ -146,11 +149,11 @@ def test_updates_raise_the_logprob_of_positive_advantage_tokens(one_rank, hf_spe
     from transformers import AutoModelForCausalLM
 
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.ggpo import group_advantages
-    from ggpo_batch.train.model import logprobs_of
-    from ggpo_batch.train.tiny_hf import build_checkpoint
-    from ggpo_batch.train.batch import loss_batch
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.policy.batch import loss_batch
+    from ggpo_batch.train.policy.ggpo import group_advantages
+    from ggpo_batch.train.policy.model import logprobs_of
+    from ggpo_batch.train.run.trainer import Trainer
+    from ggpo_batch.train.task.tiny_hf import build_checkpoint
 
     spec = hf_spec("clean", budget=1e9, reference_refresh_steps=100)
     if arch != "qwen2":

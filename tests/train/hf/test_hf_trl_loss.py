@@ -1,6 +1,6 @@
 """The ggpo loss is TRL's GRPO loss (trl==1.16.0, the dev extra) on one identical batch, to 1e-5.
 
-The TRL options that correspond to ggpo (ggpo_batch/train/ggpo.py):
+The TRL options that correspond to ggpo (ggpo_batch/train/policy/ggpo.py):
   loss_type="bnpo"               the token-level mean over the (rank's) batch: sum(per-token loss x mask) /
                                  sum(mask); "grpo" would average per sequence first, "dr_grpo" divide by
                                  rows x max_completion_length, "dapo" by the tokens of the global batch
@@ -30,9 +30,9 @@ trl = pytest.importorskip("trl")
 pytest.importorskip("datasets")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # TRL's trainer set up beside ours: 7 s
 
-from ggpo_batch.train.ggpo import ggpo_loss, truncated_is_weights
 from ggpo_batch.train.ggpo_config import GgpoConfig
-from ggpo_batch.train.model import policy_token_logprobs
+from ggpo_batch.train.policy.ggpo import ggpo_loss, truncated_is_weights
+from ggpo_batch.train.policy.model import policy_token_logprobs
 
 G, EPS, BETA, TEMPERATURE, CAP = 4, 0.2, 0.05, 0.9, 1.2
 
@@ -42,8 +42,8 @@ def test_ggpo_loss_equals_trl_grpo_loss_on_one_batch(tmp_path, tiny_hf, importan
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from ggpo_batch.train.codec import HfCodec
-    from ggpo_batch.train.hf import load_tokenizer
+    from ggpo_batch.train.pretrained.hf import load_tokenizer
+    from ggpo_batch.train.task.codec import HfCodec
 
     codec = HfCodec(load_tokenizer(tiny_hf), max_model_len=1024)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to="none", loss_type="bnpo",

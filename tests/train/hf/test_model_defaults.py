@@ -1,4 +1,4 @@
-"""Defaults taken from the model (ggpo_batch/spec_defaults.py): `[train.model] path` alone gives the
+"""Defaults taken from the model (ggpo_batch/spec/defaults.py): `[train.model] path` alone gives the
 model's own context as max_model_len (not 4,096, which a model of 1,024 positions refused), capped
 by the GPU-memory formula when the profile declares its GPUs; the number is in the spec's train
 table, so the run spec and its hash carry it, and `enqueue --dry-run` says where it came from."""
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight, spec_defaults
-from ggpo_batch.runspec import config_hash
-from ggpo_batch.spec import load_spec
+from ggpo_batch.contracts.runspec import config_hash
+from ggpo_batch.spec import defaults as spec_defaults
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
 from tests.faults.test_hostile_inputs import fingerprint, run_cli
 from tests.train.hf.test_hf_preflight import copy_model
 
@@ -133,3 +134,47 @@ def test_enqueue_dry_run_says_where_the_default_came_from(env, tmp_path: Path, q
     assert "default: train.model.max_model_len = 1,024 (the model's max_position_embeddings)" in res.output
     assert "preflight: ok" in res.output and "of 1024)" in res.output
     assert fingerprint(env["GGPO_DB_URL"]) == before
+
+
+def test_an_arm_of_another_model_takes_its_own_default(tmp_path: Path, qa_files: dict,  # type: ignore[type-arg]
+                                                       tiny_hf: Path, model_1024: Path) -> None:
+    path = _spec(tmp_path, qa_files, tiny_hf, name="arms")
+    path.write_text(path.read_text() + f'[arms.short.train.model]\npath = "{model_1024}"\n'
+                    '[arms.lr_hi.train]\nlr = 0.01\n')
+    spec = load_spec(path)
+    own = spec.train["model"]["max_model_len"]
+    assert own != 1024 and spec.train_of("lr_hi")["model"]["max_model_len"] == own  # lr alone: the spec's
+    assert spec.train_of("short")["model"]["max_model_len"] == 1024
+    assert spec.defaults[1] == "arms.short.train.model.max_model_len = 1,024 (the model's max_position_embeddings)"
+    assert spec.run_spec(spec.arm("short"), 7, 1).train["model"]["path"] == str(model_1024)
+    report = preflight.check(spec)
+    assert report.ok, report.lines()
+    # the arm's own model checked with its own length: one longer than its positions is refused, naming it
+    path.write_text(path.read_text().replace(f'path = "{model_1024}"\n', f'path = "{model_1024}"\nmax_model_len = 2048\n'))
+    [problem] = preflight.check(load_spec(path)).problems
+    assert problem.field == "arms.short.train.model.max_model_len" and "1024" in problem.message
+
+
+def test_each_arm_is_checked_against_the_gpu_memory_with_its_own_batch(tmp_path: Path, qa_files: dict,  # type: ignore[type-arg]
+                                                                        tiny_hf: Path) -> None:
+    profiles = tmp_path / "profiles"
+    profiles.mkdir()
+    (profiles / "big.toml").write_text("schema = 1\ngpus_per_node = 4\ntasks_per_node = 4\ngpu_memory_gib = 80\n")
+    path = _spec(tmp_path, qa_files, tiny_hf, name="mem", executor="slurm", profile="big",
+                 train="micro_batch_size = 1", model_extra="max_model_len = 4096")
+    path.write_text(path.read_text() + "[arms.wide.train]\nmicro_batch_size = 64\n")
+    spec = load_spec(path)
+    report = preflight.check(spec, profiles_dir=profiles)
+    assert report.ok, report.lines()
+    narrow = report.facts["gpu_memory_estimate_gib"]["total"]
+    import dataclasses
+
+    # the arm alone (enqueue --arms wide): its own figures, as a spec whose [train] were the arm's
+    need = preflight.check(spec, arms=["wide"], profiles_dir=profiles).facts["gpu_memory_estimate_gib"]["total"]
+    wide_spec = dataclasses.replace(spec, train=spec.train_of("wide"), arm_train={})
+    assert need == preflight.check(wide_spec, profiles_dir=profiles).facts["gpu_memory_estimate_gib"]["total"] > narrow
+    # a GPU between what the two batches need: the spec's own arm fits, the wide one does not
+    (profiles / "mid.toml").write_text(f"schema = 1\ngpus_per_node = 4\ntasks_per_node = 4\n"
+                                       f"gpu_memory_gib = {round((narrow + need) / 2, 3)}\n")
+    [problem] = preflight.check(dataclasses.replace(spec, profile="mid"), profiles_dir=profiles).problems
+    assert problem.field == "experiment.profile" and problem.message.startswith("arm 'wide': the model does not fit")

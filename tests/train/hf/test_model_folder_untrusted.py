@@ -1,4 +1,4 @@
-"""A model folder is untrusted (ggpo_batch/train/checkpoint_files.py): its config, generation config,
+"""A model folder is untrusted (ggpo_batch/train/pretrained/checkpoint_files.py): its config, generation config,
 tokenizer files, safetensors weights and weight index are checked before any library reads them, and
 each problem is one line under `train.model.path` naming the file. Nothing outside the folder is
 read: a link leading out of it is refused, not followed (a cache snapshot's links into that model's
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch import preflight
-from ggpo_batch.spec import load_spec
+from ggpo_batch.spec import preflight
+from ggpo_batch.spec.parse import load_spec
 from tests.faults.test_hostile_inputs import assert_refused, fingerprint, run_cli
 from tests.train.hf.test_hf_preflight import copy_model
 

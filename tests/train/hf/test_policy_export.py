@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 
-from ggpo_batch.train.model import update_digest
+from ggpo_batch.train.policy.model import update_digest
 
 
 def streamed(tensors: dict[str, torch.Tensor]) -> str:
@@ -68,8 +68,8 @@ def test_export_is_in_the_training_dtype_and_the_digest_is_of_its_tensors(one_ra
     from transformers import AutoModelForCausalLM
 
     from ggpo_batch.train.config import TrainConfig
-    from ggpo_batch.train.hf import directory_sha256
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.pretrained.hf import directory_sha256
+    from ggpo_batch.train.run.trainer import Trainer
 
     if policy == "builtin":
         spec = spec_for("clean", budget=1e9, precision="bf16")

@@ -16,8 +16,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # three 2-rank runs, about 20 s each
 
-from ggpo_batch.netutil import free_port
-from ggpo_batch.train.rankfork import ForkServer
+from ggpo_batch.common.netutil import free_port
+from ggpo_batch.train.run.rankfork import ForkServer
 
 ROOT = Path(__file__).resolve().parents[3]
 

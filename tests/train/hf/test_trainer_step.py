@@ -1,6 +1,6 @@
 """One real training step of the tiny checkpoint on one gloo rank: the memory order around the update
-(train/memory_order.py) as the step really calls it, and the policy's recomputed "old" log-probs
-(`[train] old_logprobs = "policy"`) against the log-probs the update itself computes."""
+(train/memory_order.py) as the step really calls it, and the policy's "old" log-probs
+(`[train] old_logprobs = "policy"`): the update's own, detached, against the plain full-logits path."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ pytest.importorskip("deepspeed")
 pytestmark = [pytest.mark.train, pytest.mark.slow]  # a DeepSpeed engine and real rollouts: ~10 s each
 
 from ggpo_batch.train.config import TrainConfig
-from ggpo_batch.train.rollout import TorchSampler
+from ggpo_batch.train.rollout.sampler import TorchSampler
 from tests.support.memory_calls import RecordsMemoryCalls
 
 
@@ -38,7 +38,7 @@ class Recording(RecordsMemoryCalls, TorchSampler):
 
 
 def make_trainer(hf_spec, **train):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.trainer import Trainer
+    from ggpo_batch.train.run.trainer import Trainer
 
     spec = hf_spec("clean", budget=1e9, **train)
     cfg = TrainConfig.from_table(spec.train, "t")
@@ -46,7 +46,7 @@ def make_trainer(hf_spec, **train):  # type: ignore[no-untyped-def]
 
 
 def test_a_step_sleeps_trains_frees_wakes_weights_pushes_wakes_kv_in_that_order(one_rank, hf_spec):  # type: ignore[no-untyped-def]
-    from ggpo_batch.train.weight_sync import WeightSync, probe_sequence
+    from ggpo_batch.train.run.weight_sync import WeightSync, probe_sequence
 
     trainer = make_trainer(hf_spec)
     calls: list[str] = []
@@ -70,13 +70,14 @@ def test_a_step_sleeps_trains_frees_wakes_weights_pushes_wakes_kv_in_that_order(
     assert trainer.state.history[-1]["weight_sync_probe"]["passed"]
 
 
-def test_the_recomputed_old_logprobs_are_the_policys_and_the_step_records_its_health(one_rank, hf_spec):  # type: ignore[no-untyped-def]
-    """old_logprobs = "policy" (the default): one no-grad pass per micro-batch before the update gives the
-    log-probs the update's own forward computes, and those of the plain full-logits path; so the PPO
-    ratio is 1 and nothing is clipped; the step's history carries the health figures."""
-    from ggpo_batch.train.batch import loss_batch
-    from ggpo_batch.train.ggpo import group_advantages
-    from ggpo_batch.train.model import logprobs_of
+def test_the_old_logprobs_are_the_policys_and_the_step_records_its_health(one_rank, hf_spec):  # type: ignore[no-untyped-def]
+    """old_logprobs = "policy" (the default): the update's own forward of each pass, detached (no forward
+    of their own: tests/train/hf/test_old_logprobs.py), are the policy's log-probs, those of the plain
+    full-logits path; so the PPO ratio is 1 and nothing is clipped; the step's history carries the
+    health figures."""
+    from ggpo_batch.train.policy.batch import loss_batch
+    from ggpo_batch.train.policy.ggpo import group_advantages
+    from ggpo_batch.train.policy.model import logprobs_of
 
     trainer = make_trainer(hf_spec, micro_batch_size=3)
     assert trainer.cfg.old_logprobs == "policy"
@@ -87,16 +88,15 @@ def test_the_recomputed_old_logprobs_are_the_policys_and_the_step_records_its_he
                                                 trainer.codec.pad_id)
         plan = trainer._plan(attn)
         passes = list(trainer._passes(ids, attn, mask, plan))
-        old = trainer._old_logprobs(passes)
-        assert old is not None and len(old) == len(passes) == len(plan) > 1
-        for recomputed, (_, part_ids, part_attn, m) in zip(old, passes):
-            assert not recomputed.requires_grad
+        assert len(passes) == len(plan) > 1
+        for _, part_ids, part_attn, m in passes:
             live = trainer._policy_logprobs(part_ids, part_attn, m)  # what the update's forward computes
-            assert live.requires_grad and torch.equal(recomputed, live.detach())
+            old = trainer._old_logprobs(live)
+            assert live.requires_grad and not old.requires_grad and torch.equal(old, live.detach())
             with torch.no_grad():
                 full = logprobs_of(trainer.engine.module, part_ids, part_attn, trainer.cfg.temperature, trainer.codec)
-            assert torch.allclose(recomputed[m], full[m], atol=1e-5)
-            assert bool((recomputed[~m] == 0).all())
+            assert torch.allclose(old[m], full[m], atol=1e-5)
+            assert bool((old[~m] == 0).all())
         trainer.step()
         h = trainer.state.history[-1]
         assert h["clip_fraction"] == 0.0 and h["kl"] >= 0.0

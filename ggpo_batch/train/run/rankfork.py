@@ -1,0 +1,189 @@
+"""Start local CPU ranks by forking them from a process that has imported torch, DeepSpeed,
+transformers and the trainer once.
+
+Those imports cost about 9 s of CPU per rank; a local run (`train_local`) used to pay them in every
+rank, and a process that starts several local runs (`ggpo-batch train`, the test suite) in every rank
+of every run. The fork server is a child of the launching process (`python -m
+ggpo_batch.train.run.rankfork`): it preloads, then reads one request per line (the rank's entry point
+and argv, environment, working directory, log file) and forks the rank, which runs `launch.main`
+(or, for tests, another entry point). It has no
+thread, so a fork copies a consistent process; ranks are CPU-only (CUDA_VISIBLE_DEVICES=""), so no
+CUDA state crosses a fork. A rank's exit status is written by the server, which reaps it, to a
+status file beside its log.
+
+The server's imports fixed what the environment meant at import time: a request whose environment
+differs there (the variables of `IMPORT_TIME_PREFIXES`) gets a fresh server.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...errors import GgpoError
+
+# A rank of a local run (train/launch.py).
+LAUNCH = "ggpo_batch.train.run.launch:main"
+# Environment read by torch, DeepSpeed, transformers or the Hugging Face hub when they are imported.
+IMPORT_TIME_PREFIXES = ("CUDA_", "DS_", "HF_", "HUGGINGFACE_", "MKL_", "OMP_", "PYTHON", "TORCH", "TRANSFORMERS_")
+
+
+def _import_time_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
+
+
+class Rank:
+    """One forked rank, with the part of `subprocess.Popen` that `train_local` uses."""
+
+    def __init__(self, pid: int, status: Path) -> None:
+        self.pid, self.status = pid, status
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None and self.status.exists():
+            text = self.status.read_text().strip()
+            if text:
+                self.returncode = int(text)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(f"rank pid {self.pid}", timeout or 0.0)
+            time.sleep(0.05)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ForkServer:
+    """The launching process's fork server (one at a time, started on first use)."""
+
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+    _current: ClassVar[ForkServer | None] = None
+    _replaced: ClassVar[list[ForkServer]] = []  # kept open: they reap the ranks they started, then end with us
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.key = _import_time_env(env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.train.run.rankfork"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    @classmethod
+    def start_rank(cls, argv: list[str], env: dict[str, str], log_path: Path, *, target: str = LAUNCH,
+                   cwd: Path | None = None) -> Rank:
+        """Fork one rank running `target` ("module:function", called with `argv`; it returns the exit
+        code or None for 0) in `env` and `cwd`, its output in `log_path`."""
+        status = log_path.with_name(log_path.name + ".status")
+        status.unlink(missing_ok=True)
+        request = json.dumps({"target": target, "argv": argv, "env": env, "cwd": str(cwd or os.getcwd()),
+                              "log": str(log_path), "status": str(status)})
+        with cls._lock:
+            server = cls._current
+            if server is None or server.proc.poll() is not None or server.key != _import_time_env(env):
+                if server is not None:
+                    cls._replaced.append(server)
+                server = cls._current = ForkServer(env)
+            assert server.proc.stdin is not None and server.proc.stdout is not None
+            server.proc.stdin.write(request + "\n")
+            server.proc.stdin.flush()
+            reply = server.proc.stdout.readline()
+        if not reply.strip().isdigit():
+            raise GgpoError(f"the rank fork server did not start a rank (it exited {server.proc.poll()}; "
+                            "its error is above)")
+        return Rank(int(reply), status)
+
+
+def _run_rank(request: dict[str, Any]) -> None:
+    """In the forked child: become the rank the request describes; never returns."""
+    code = 1
+    try:
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(log)
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.chdir(request["cwd"])
+        tempfile.tempdir = None  # TMPDIR as the rank's environment says, not as the server cached it
+        import torch
+
+        torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+        module, _, function = request["target"].partition(":")
+        sys.argv = [module, *request["argv"]]
+        code = getattr(importlib.import_module(module), function)(request["argv"]) or 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001  (the rank's log gets the traceback; the launcher the code)
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve() -> None:
+    """The fork server: preload, then fork one rank per request line until stdin closes."""
+    from .job import preload
+
+    preload()
+    children: dict[int, str] = {}
+
+    def reap(signum: int, frame: object) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            path = children.pop(pid, None)
+            if path is not None:
+                tmp = f"{path}.tmp"
+                Path(tmp).write_text(f"{os.waitstatus_to_exitcode(status)}\n")
+                os.replace(tmp, path)
+
+    signal.signal(signal.SIGCHLD, reap)
+    for line in sys.stdin:
+        request = json.loads(line)
+        # SIGCHLD waits until the child is in `children`, so an instant exit is still recorded
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _run_rank(request)
+            children[pid] = request["status"]
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        sys.stdout.write(f"{pid}\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()

@@ -1,0 +1,121 @@
+"""The suite's time budget, as a pytest plugin (loaded by tests/conftest.py).
+
+- A test whose setup and call take more than `slow_test_seconds` (setup.cfg) of wall time fails under
+  `--cpu-budget` unless it carries `@pytest.mark.slow_reason("why it cannot be shorter")`.
+- Every test's CPU time (this process and the children it waited for) is recorded; with
+  `--cpu-budget` (`make test`) the ten slowest tests are printed with their reasons, and the run
+  fails when the total CPU time is over `cpu_budget_seconds` (setup.cfg), the one place the limit
+  is written. Under pytest-xdist each worker measures its own tests and sends the figures to the
+  controller with the test's report.
+"""
+
+from __future__ import annotations
+
+import resource
+
+import pytest
+
+SLOW_TEST_INI = "slow_test_seconds"
+CPU_BUDGET_INI = "cpu_budget_seconds"
+_CPU = "budget_cpu_s"
+_WALL = "budget_wall_s"
+_REASON = "budget_slow_reason"
+_SETUP_S = pytest.StashKey[float]()
+_CPU0 = pytest.StashKey[float]()
+_BUDGET = pytest.StashKey["Budget"]()
+
+
+def _cpu_now() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini(SLOW_TEST_INI, "a test using more CPU seconds than this (setup + call) needs slow_reason",
+                  default="60")
+    parser.addini(CPU_BUDGET_INI, "the whole suite's CPU-time limit in seconds (checked with --cpu-budget)",
+                  default="0")
+    parser.addoption("--cpu-budget", action="store_true",
+                     help="print the ten slowest tests and fail when the total CPU time is over cpu_budget_seconds")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slow_reason(reason): why this test may take longer than slow_test_seconds")
+    config.stash[_BUDGET] = Budget(config)
+    config.pluginmanager.register(config.stash[_BUDGET], "ggpo-budget")
+
+
+class Budget:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.limit_s = float(config.getini(SLOW_TEST_INI))
+        self.cpu_budget_s = float(config.getini(CPU_BUDGET_INI))
+        self.tests: dict[str, tuple[float, float, str]] = {}  # nodeid -> (cpu s, wall s, slow reason)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+        item.stash[_CPU0] = _cpu_now()
+        return (yield)
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
+        report = yield
+        if report.when == "setup":
+            item.stash[_SETUP_S] = report.duration
+        elif report.when == "call":
+            wall = item.stash.get(_SETUP_S, 0.0) + report.duration
+            # The rule counts the test's own CPU seconds (setup + call, its children included), not its
+            # wall time: with more xdist workers than cores, or a busy host, wall time stretches by
+            # the load and a wall rule fails tests by chance; CPU time is what the suite's budget spends.
+            cpu = _cpu_now() - item.stash.get(_CPU0, _cpu_now())
+            marker = item.get_closest_marker("slow_reason")
+            reason = str(marker.args[0]) if marker and marker.args else ""
+            # failed under --cpu-budget (make test); a targeted run only lists it in the summary
+            if cpu > self.limit_s and not reason and report.passed and item.config.getoption("cpu_budget"):
+                report.outcome = "failed"
+                report.longrepr = (f"used {cpu:.0f} CPU s (setup + call; {wall:.0f} s wall), over {SLOW_TEST_INI} = "
+                                   f"{self.limit_s:g} (setup.cfg), with no @pytest.mark.slow_reason(\"...\") saying why")
+            report.user_properties.append((_WALL, wall))
+            report.user_properties.append((_REASON, reason))
+        elif report.when == "teardown":
+            report.user_properties.append((_CPU, _cpu_now() - item.stash.get(_CPU0, _cpu_now())))
+        return report
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # on the controller too: xdist replays each worker's reports here, user_properties included
+        props = dict(report.user_properties)
+        cpu, wall, reason = self.tests.get(report.nodeid, (0.0, 0.0, ""))
+        if report.when == "call":
+            wall, reason = float(props.get(_WALL, 0.0)), str(props.get(_REASON, ""))
+        elif report.when == "teardown":
+            cpu = float(props.get(_CPU, 0.0))
+        self.tests[report.nodeid] = (cpu, wall, reason)
+
+    @property
+    def total_cpu_s(self) -> float:
+        return sum(cpu for cpu, _, _ in self.tests.values())
+
+    def over_budget(self) -> bool:
+        return self.cpu_budget_s > 0 and self.total_cpu_s > self.cpu_budget_s
+
+    def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
+        if not config.getoption("cpu_budget") or hasattr(config, "workerinput"):
+            return
+        tr = terminalreporter
+        tr.section("time budget (tests/support/budget.py)")
+        slowest = sorted(self.tests.items(), key=lambda kv: kv[1][1], reverse=True)[:10]
+        for nodeid, (cpu, wall, reason) in slowest:
+            tr.write_line(f"{wall:7.1f} s wall {cpu:7.1f} s CPU  {nodeid}" + (f"  -- {reason}" if reason else ""))
+        for nodeid, (cpu, _wall, reason) in self.tests.items():
+            if cpu > self.limit_s and not reason:
+                tr.write_line(f"over {SLOW_TEST_INI} with no slow_reason: {nodeid} ({cpu:.0f} CPU s)")
+        verdict = "OVER" if self.over_budget() else "within"
+        tr.write_line(f"total CPU time of {len(self.tests)} tests: {self.total_cpu_s:.0f} s, {verdict} "
+                      f"{CPU_BUDGET_INI} = {self.cpu_budget_s:g} (setup.cfg)")
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if (self.config.getoption("cpu_budget") and not hasattr(self.config, "workerinput")
+                and self.over_budget() and session.exitstatus == 0):
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
