@@ -34,6 +34,7 @@ CANARY_FINAL = frozenset({"passed", "failed", "lost", "cancelled"})
 # Plants for tests, at the function level (train/run/canary.py): each makes its own check fail.
 CANARY_FAULT_ENV = "GGPO_CANARY_FAULT"
 CANARY_FAULTS = ("push_skips_layer", "reduction_differs", "probe_over_ceiling")
+CANARY_PRIORITY = "high"  # a canary waits on its queue's high-priority list: a sweep waits on it
 CANARY_STEPS = 3  # training steps a canary takes with the spec's ZeRO settings
 
 

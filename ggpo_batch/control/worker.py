@@ -81,6 +81,13 @@ def execute_evaluation(key: str) -> dict[str, Any]:
     return _in_this_worker(submit_evaluation, key)
 
 
+def execute_canary(key: str) -> dict[str, Any]:
+    """RQ job: submit the canary before a sweep (control/canary.py)."""
+    from .canary import submit_canary
+
+    return _in_this_worker(submit_canary, key)
+
+
 def _in_this_worker(submit: Callable[..., dict[str, Any]], key: str) -> dict[str, Any]:
     """`submit(ledger, settings, key, worker=...)` with the worker's own ledger and settings; its log
     lines name the run (config/logs.py)."""

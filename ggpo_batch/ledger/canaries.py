@@ -13,15 +13,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, undefer
 
-from ..contracts.canary_spec import CANARY_FINAL, CanarySpec
+from ..contracts.canary_spec import CANARY_FINAL, CANARY_PRIORITY, CanarySpec
 from ..contracts.states import ATTEMPT_KIND_CANARY, CANARY_CANCEL_PREFIX, HELD
 from ..errors import LedgerError
 from .attempts import end_attempt
 from .core import LedgerCore
-from .schema import Attempt, Canary, Run, utcnow
+from .schema import Attempt, Canary, Experiment, Run, utcnow
 
 
 class CanaryRecords(LedgerCore):
@@ -62,9 +62,24 @@ class CanaryRecords(LedgerCore):
                 raise LedgerError(f"no canary {key!r}")
             return c
 
-    def queued_canary_keys(self) -> list[str]:
+    def canary_of_run(self, run_id: int) -> Canary:
+        """The canary standing for run `run_id` (whose attempts of kind `canary` are its)."""
         with self.session() as s:
-            return list(s.scalars(select(Canary.key).where(Canary.state == "queued").order_by(Canary.id)))
+            c = s.scalars(select(Canary).where(Canary.run_id == run_id)).one_or_none()
+            if c is None:
+                raise LedgerError(f"run id {run_id} has no canary")
+            return c
+
+    def queued_canary_keys(self, queue: str, *, default_queue: str) -> dict[str, str]:
+        """Keys of the canaries queued on `queue` -> the priority they wait at (reconcile puts back those
+        Redis lost), but those whose attempt is being submitted right now."""
+        with self.session() as s:
+            rows = s.execute(select(Canary.key, Run.id).join(Run, Run.id == Canary.run_id)
+                             .join(Experiment, Experiment.id == Canary.experiment_id)
+                             .where(Canary.state == "queued", func.coalesce(Experiment.queue, default_queue) == queue)).all()
+            busy = set(s.scalars(select(Attempt.run_id).where(Attempt.state == "submitting",
+                                                               Attempt.kind == ATTEMPT_KIND_CANARY)))
+            return {key: CANARY_PRIORITY for key, run_id in rows if run_id not in busy}
 
     # -- transitions ---------------------------------------------------------------------------
 

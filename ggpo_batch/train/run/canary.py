@@ -40,7 +40,13 @@ from typing import Any
 
 import torch
 
-from ...contracts.canary_spec import CANARY_FAULT_ENV, CANARY_FAULTS, CANARY_RECORD_VERSION, CANARY_STEPS, CanarySpec
+from ...contracts.canary_spec import (
+    CANARY_FAULT_ENV,
+    CANARY_FAULTS,
+    CANARY_RECORD_VERSION,
+    CANARY_STEPS,
+    CanarySpec,
+)
 from ..audit.probe import PROBE_NOISE, ProbeLog, probe_logprobs
 from ..config import TrainConfig
 from ..policy.deepspeed_import import import_deepspeed
@@ -204,8 +210,8 @@ def overlap_check(model: torch.nn.Module, cfg: TrainConfig, tokens: list[int], d
     del on
     finite = all(math.isfinite(x) for x in losses + norms)
     agree = norm_rel <= tol and weights_rel <= tol
-    why = [] if agree else [f"overlap_comm on and off disagree: gradient norm by {norm_rel:.3g}, updated weights by "
-                            f"{weights_rel:.3g} (relative; tolerance {tol:g})"]
+    why = [] if agree else [(f"overlap_comm on and off disagree: gradient norm by {norm_rel:.3g}, updated weights "
+                             f"by {weights_rel:.3g} (relative; tolerance {tol:g})")]
     why += [] if finite else [f"a loss or gradient norm is not finite in {CANARY_STEPS} steps"]
     return _check("zero_overlap_comm", bool(agree and finite), zero_stage=cfg.zero_stage, dtype=dtype,
                   tolerance=tol, grad_norm_on=norm_on, grad_norm_off=norm_off, grad_norm_relative_difference=norm_rel,
@@ -267,12 +273,16 @@ def run_checks(spec: CanarySpec, *, device: torch.device | None = None, fault: s
             "elapsed_seconds": round(time.monotonic() - t0, 3)}
 
 
-def _ensure_process_group(gpu: bool) -> None:
-    """World 1 (a canary is one process): the process group DeepSpeed's engines need."""
+_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def _ensure_process_group(gpu: bool) -> bool:
+    """World 1 (a canary is one process): the process group DeepSpeed's engines need; True when made
+    here (the job destroys it after: a debug job runs in its caller's process)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
-        return
+        return False
     from ...common.netutil import free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -280,6 +290,7 @@ def _ensure_process_group(gpu: bool) -> None:
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ[k] = v
     import_deepspeed(gpu).init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+    return True
 
 
 class CanaryJob:
@@ -293,8 +304,20 @@ class CanaryJob:
         spec = CanarySpec.from_json(self.spec_json)
         fault = planted()
         gpu = torch.cuda.is_available()
-        _ensure_process_group(gpu)
-        record = run_checks(spec, fault=fault)
+        saved = {k: os.environ.get(k) for k in _DIST_ENV}
+        made = _ensure_process_group(gpu)
+        try:
+            record = run_checks(spec, fault=fault)
+        finally:
+            if made:
+                from .job import release_process_group
+
+                release_process_group()
+                for k, v in saved.items():  # as it was: a debug job runs in its caller's process
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         out = Path(self.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")

@@ -1,0 +1,152 @@
+"""The canary before a sweep (control/canary.py, ledger/canaries.py, contracts/canary_spec.py): its
+spec keys and defaults, the runs an enqueue holds for it, its job submitted by the worker's job (the
+debug executor: the real canary job, train/run/canary.py, on the CPU), pass -> the held runs released,
+fail -> cancelled with the canary's reason and a `canary_failed` notification, `canary --rerun`, and
+its attempts (kind `canary`) in the caps, `costs` and the report; on SQLite and PostgreSQL, against
+the real Redis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ggpo_batch.cli import cli
+from ggpo_batch.contracts import states
+from ggpo_batch.contracts.canary_spec import CANARY_FAULT_ENV, canary_specs, shape_of, wanted
+from ggpo_batch.control.canary import submit_canary
+from ggpo_batch.control.enqueue import enqueue_spec
+from ggpo_batch.control.queue import RunQueue
+from ggpo_batch.spec.parse import load_spec
+from tests.test_queue import SPEC
+
+pytestmark = pytest.mark.redis
+
+DEBUG = SPEC.replace('executor = "local"', 'executor = "debug"\ncanary = true')
+
+
+def _spec(tmp_path: Path, text: str = DEBUG):  # type: ignore[no-untyped-def]
+    p = tmp_path / "q.toml"
+    p.write_text(text)
+    return load_spec(p)
+
+
+def test_canary_keys_are_absent_at_their_default_and_the_default_is_automatic(tmp_path: Path) -> None:
+    plain, on = _spec(tmp_path, SPEC), _spec(tmp_path, SPEC.replace('executor = "local"', 'executor = "local"\n'
+                                                                      'canary = true\ncanary_minutes = 5'))
+    assert plain.canary is None and not {"canary", "canary_gpus", "canary_minutes"} & set(plain.canonical())
+    assert on.canonical()["canary"] is True and on.canonical()["canary_minutes"] == 5
+    assert plain.spec_hash != on.spec_hash
+    runs = plain.expand(1)
+    vllm = [r.__class__(**{**r.__dict__, "train": {"rollout": "vllm"}}) for r in runs]
+    assert not wanted(None, "slurm", runs)  # torch rollouts
+    assert wanted(None, "slurm", vllm) and not wanted(None, "slurm", vllm[:3]) and not wanted(None, "local", vllm)
+    assert wanted(True, "debug", runs[:1]) and not wanted(False, "slurm", vllm)
+    # one canary per shape: the paired arm's runs share the clean arm's
+    assert len(canary_specs(runs)) == 1 and shape_of({})["zero_stage"] == 2
+    mixed = runs[:2] + [r.__class__(**{**r.__dict__, "train": {"zero_stage": 3}}) for r in runs[2:]]
+    specs = canary_specs(mixed, gpus=2, minutes=7)
+    assert [len(c.run_keys) for c in specs] == [2, 2] and {c.gpus for c in specs} == {2}
+    with pytest.raises(Exception, match="canary_minutes"):
+        _spec(tmp_path, DEBUG.replace("canary = true", "canary = true\ncanary_minutes = 0"))
+
+
+def test_the_held_state_may_come_back_from_a_canary_cancellation_only() -> None:
+    assert {s for s in states.RUN_STATES if states.can_move(s, "held")} == {"not_reproduced", "cancelled"}
+    assert states.ATTEMPT_KIND_CANARY in states.ATTEMPT_KINDS
+    assert states.ATTEMPT_KIND_CANARY not in states.TRAINING_ATTEMPT_KINDS
+
+
+def _start(ledger, settings, tmp_path):  # type: ignore[no-untyped-def]
+    spec = _spec(tmp_path)
+    res = enqueue_spec(ledger, settings, spec, actor="tester")
+    keys = sorted(r.run_key for r in spec.expand(1))
+    assert res.enqueued == 0 and sorted(res.held) == keys and len(res.canaries) == 1
+    assert res.estimate is not None and "canary allocation" in res.estimate.cost_basis
+    q = RunQueue.from_url(settings.redis_url, "testq")
+    assert q.present() == set(res.canaries)  # the canary's job only: no run before it passes
+    return spec, res, keys, q
+
+
+def test_a_passing_canary_releases_the_held_runs(ledger, settings, worker_env, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(CANARY_FAULT_ENV, raising=False)
+    spec, res, keys, q = _start(ledger, settings, tmp_path)
+    [key] = res.canaries
+    # A repeated enqueue starts no second canary and queues nothing.
+    again = enqueue_spec(ledger, settings, spec, actor="tester")
+    assert again.canaries == [] and again.enqueued == 0
+    out = submit_canary(ledger, settings, key, worker="w-test")
+    assert out["state"] == "passed", out
+    assert {ledger.get_run(k).state for k in keys} == {"queued"}
+    assert q.present() >= set(keys)
+    c = ledger.canary(key)
+    assert c.state == "passed" and c.reason is None
+    assert [k["name"] for k in c.record["checks"]] == ["sleep_wake_generation", "probe_baseline", "weight_push",
+                                                       "zero_overlap_comm"]
+    assert c.record["checks"][0]["skipped_sleep_wake"] is True  # the CPU: no sleep/wake
+    run = ledger.get_run(c.run.run_key)
+    [att] = run.attempts
+    assert att.kind == "canary" and att.state == "succeeded" and att.gpu_hours_job > 0
+    # The canary's GPU-hours count against the caps and are in costs and the report.
+    spent, _ = ledger.committed_gpu_hours(experiment_id=ledger.latest_experiment("q").id)
+    assert spent == pytest.approx(att.gpu_hours_job)
+    from ggpo_batch.reporting.report import experiment_report
+
+    rep = experiment_report(ledger, "q")
+    assert rep["canaries"][0]["state"] == "passed" and rep["canaries"][0]["gpu_hours"] == pytest.approx(spent)
+    costs = CliRunner().invoke(cli, ["costs", "--by", "experiment", "--json"], env=worker_env, catch_exceptions=False)
+    assert json.loads(costs.output)["rows"][0]["gpu_hours"] == pytest.approx(spent)
+    shown = CliRunner().invoke(cli, ["canary", "q", "--json"], env=worker_env, catch_exceptions=False)
+    doc = json.loads(shown.output)
+    assert shown.exit_code == 0 and doc["schema"] == 1 and doc["canaries"][0]["state"] == "passed"
+    assert submit_canary(ledger, settings, key, worker="w-test") == {"canary": key, "skipped": "passed"}
+
+
+def test_a_failing_canary_cancels_the_held_runs_and_a_rerun_releases_them(
+        ledger, settings, worker_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    spec, res, keys, q = _start(ledger, settings, tmp_path)
+    [key] = res.canaries
+    monkeypatch.setenv(CANARY_FAULT_ENV, "push_skips_layer")
+    out = submit_canary(ledger, settings, key, worker="w-test")
+    assert out["state"] == "failed", out
+    c = ledger.canary(key)
+    assert c.state == "failed" and c.reason.startswith("weight_push failed")
+    assert {ledger.get_run(k).state for k in keys} == {"cancelled"}
+    assert all(ledger.get_run(k).cause.startswith(states.CANARY_CANCEL_PREFIX + "weight_push failed") for k in keys)
+    assert not q.present() & set(keys)  # no run ever reached the queue
+    [note] = [n for n, _ in ledger.notifications(undelivered=False) if n.kind == "canary_failed"]
+    assert note.fields["reason"].startswith("weight_push failed") and "canary of" in note.subject
+    # status / report / the command say why.
+    from ggpo_batch.reporting.report import experiment_report
+
+    assert experiment_report(ledger, "q")["canaries"][0]["reason"].startswith("weight_push failed")
+    shown = CliRunner().invoke(cli, ["canary", "q@1"], env=worker_env, catch_exceptions=False)
+    assert shown.exit_code == 1 and "weight_push: FAILED" in shown.output
+    # Re-run after the fix: the cancelled runs go back to held, and are released when it passes.
+    monkeypatch.delenv(CANARY_FAULT_ENV)
+    rerun = CliRunner().invoke(cli, ["canary", "q", "--rerun", "--json"], env=worker_env, catch_exceptions=False)
+    assert rerun.exit_code == 0 and json.loads(rerun.output)["rerun"] == [key]
+    assert {ledger.get_run(k).state for k in keys} == {"held"} and key in q.present()
+    assert submit_canary(ledger, settings, key, worker="w-test")["state"] == "passed"
+    assert {ledger.get_run(k).state for k in keys} == {"queued"}
+    assert [a.kind for a in ledger.get_run(c.run.run_key).attempts] == ["canary", "canary"]
+    bad = CliRunner().invoke(cli, ["canary", "q", "--rerun"], env=worker_env)
+    assert bad.exit_code == 2 and "no failed canary" in bad.output
+    assert CliRunner().invoke(cli, ["canary", "nope"], env=worker_env).exit_code == 2
+
+
+def test_a_run_cancelled_by_hand_does_not_come_back_with_a_rerun(ledger, settings, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    from ggpo_batch.control.canary import rerun
+    from ggpo_batch.control.interventions import cancel_runs
+
+    spec, res, keys, q = _start(ledger, settings, tmp_path)
+    cancel_runs(ledger, settings, [keys[0]], actor="tester", reason="not needed")
+    monkeypatch.setenv(CANARY_FAULT_ENV, "probe_over_ceiling")
+    assert submit_canary(ledger, settings, res.canaries[0], worker="w-test")["state"] == "failed"
+    assert rerun(ledger, settings, "q", actor="tester") == res.canaries
+    assert ledger.get_run(keys[0]).state == "cancelled" and ledger.get_run(keys[0]).cause == "not needed"
+    assert {ledger.get_run(k).state for k in keys[1:]} == {"held"}
