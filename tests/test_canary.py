@@ -150,3 +150,59 @@ def test_a_run_cancelled_by_hand_does_not_come_back_with_a_rerun(ledger, setting
     assert rerun(ledger, settings, "q", actor="tester") == res.canaries
     assert ledger.get_run(keys[0]).state == "cancelled" and ledger.get_run(keys[0]).cause == "not needed"
     assert {ledger.get_run(k).state for k in keys[1:]} == {"held"}
+
+
+@pytest.mark.postgres
+def test_a_member_records_and_reruns_their_canaries_only(pg_url: str) -> None:
+    """Row-level security of `canaries` (migration 0013): a member creates the canary of their own
+    experiment and queues it again; another member's experiment is not theirs to touch; the service
+    books its end."""
+    import uuid
+
+    from sqlalchemy import text
+
+    from ggpo_batch.contracts.runspec import ArmSpec, RunSpec
+    from ggpo_batch.errors import GgpoError
+    from ggpo_batch.ledger import NewRun, connect, upgrade
+    from ggpo_batch.ledger.db import make_engine
+    from tests.support.services import wipe_pg
+
+    wipe_pg(pg_url)
+    admin = make_engine(pg_url)
+    upgrade(admin)
+    roles = [f"can_{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    with admin.begin() as conn:
+        for role in roles:
+            conn.execute(text(f"CREATE ROLE {role} LOGIN IN ROLE ggpo_member"))
+    urls = [pg_url.replace("postgres@", f"{role}@", 1) for role in roles]
+    leds = [connect(u, retry_seconds=0) for u in urls]
+    try:
+        run = RunSpec(run_key="mine-v1-1-clean", experiment="mine", experiment_version=1, method="ggpo",
+                      arm=ArmSpec("clean"), seed=1, gpus=4, loop_budget_seconds=1, executor="debug",
+                      profile="default", train={})
+        exp = leds[0].create_experiment(name="mine", version=1, method="ggpo", source="spec", spec_hash="m", spec={},
+                                        gpus=4, actor=roles[0], initial_state="held",
+                                        runs=[NewRun(run_key=run.run_key, arm="clean", seed=1, config_hash="c",
+                                                     run_spec=run.to_dict())])
+        [spec] = canary_specs([run])
+        with pytest.raises(Exception, match="row-level security"):  # not theirs (the driver's error)
+            leds[1].create_canaries(exp.id, [spec], actor=roles[1])
+        assert leds[0].create_canaries(exp.id, [spec], actor=roles[0]) == [spec.key]
+        service = connect(pg_url)
+        _c, att = service.begin_canary(spec.key, actor="svc", worker="w", executor="debug", gpus=4)
+        service.end_canary(spec.key, att.number, attempt_state="failed", canary_state="failed", reason="planted",
+                           record=None, actor="svc", gpu_hours_job=0.01)
+        service.engine.dispose()
+        with pytest.raises(GgpoError):
+            leds[1].requeue_canary(spec.key, actor=roles[1], reason="not mine")
+        assert leds[0].requeue_canary(spec.key, actor=roles[0], reason="fixed").state == "queued"
+        assert leds[1].canaries(exp.id)[0].state == "queued"  # every role reads them
+    finally:
+        for led in leds:
+            led.engine.dispose()
+        with admin.begin() as conn:
+            for role in roles:
+                conn.execute(text(f"DROP OWNED BY {role}"))
+                conn.execute(text(f"DROP ROLE {role}"))
+        admin.dispose()
+        wipe_pg(pg_url)

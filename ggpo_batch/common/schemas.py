@@ -90,7 +90,7 @@ SCHEMAS: dict[str, Schema] = {
     "ledger_import": Schema(1, "ggpo-batch ledger import FILE --json", "The experiment an import created (or found "
                             "already there) and its GPU-hours."),
     "ledger_export": Schema(2, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
-                            "notebook (an attempt's `kind`: training, continuation, evaluation; a run's "
+                            "notebook (an attempt's `kind`: training, continuation, evaluation, canary; a run's "
                             "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
                     "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),

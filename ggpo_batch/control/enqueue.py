@@ -111,7 +111,7 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
         est = costguard.estimate(ledger, spec, todo + decided)
         # A canary per shape before the sweep (control/canary.py): its allocations priced with the runs.
-        gate = canary.gate(ledger, spec, runs, todo, latest.id if same and latest is not None else None)
+        gate = canary.gate(ledger, spec, runs, todo + decided, latest.id if same and latest is not None else None)
         est = canary.with_canaries(est, gate)
         cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
         if not dry_run:

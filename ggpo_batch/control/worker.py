@@ -349,4 +349,5 @@ def as_identified(settings: Settings, ledger: Ledger) -> Settings:
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
     ledger = _process.ledger if _process is not None else connect(settings.db_url)
     return (ledger.count_queued(queues, default_queue=settings.queue)
-            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)) > 0
+            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)
+            + sum(len(ledger.queued_canary_keys(q, default_queue=settings.queue)) for q in queues)) > 0
