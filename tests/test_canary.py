@@ -125,6 +125,9 @@ def test_a_failing_canary_cancels_the_held_runs_and_a_rerun_releases_them(
     assert experiment_report(ledger, "q")["canaries"][0]["reason"].startswith("weight_push failed")
     shown = CliRunner().invoke(cli, ["canary", "q@1"], env=worker_env, catch_exceptions=False)
     assert shown.exit_code == 1 and "weight_push: FAILED" in shown.output
+    status = CliRunner().invoke(cli, ["status", "-e", "q"], env=worker_env, catch_exceptions=False)
+    assert f"canary {key} (" in status.output and "failed: weight_push failed" in status.output
+    assert "--rerun` after a fix" in status.output
     # Re-run after the fix: the cancelled runs go back to held, and are released when it passes.
     monkeypatch.delenv(CANARY_FAULT_ENV)
     rerun = CliRunner().invoke(cli, ["canary", "q", "--rerun", "--json"], env=worker_env, catch_exceptions=False)

@@ -185,6 +185,7 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
                             ("dashboard_experiment", "/api/experiments/evaluated"),
 
                             ("dashboard_experiment", "/api/experiments/curved-exp"),
+                            ("dashboard_experiment", "/api/experiments/canary-exp"),
                             ("dashboard_experiment", "/api/experiments/powered-exp"),
                             ("dashboard_run", f"/api/runs/{booked}"), ("curves", "/api/experiments/done-exp/curves"),
                             ("curves", "/api/experiments/curved-exp/curves")):
@@ -214,6 +215,7 @@ def _canary(env: dict[str, str], tmp_path: Path, add: Any) -> None:
     led.end_canary(c.key, att.number, attempt_state="succeeded", canary_state="passed", reason=None, record=record,
                    actor="t", job_id="c1", elapsed_seconds=36.0, gpu_hours_job=0.04)
     led.engine.dispose()
+    add("status", _cli("status", "-e", "canary-exp", "--json"))  # its runs still held: the canaries shown
     add("canary", _cli("canary", "canary-exp", "--json"))
     add("report", _cli("report", "canary-exp", "--json"))
 

@@ -24,6 +24,7 @@ def canary(app: App, experiment: tuple[str, int | None], rerun: bool, as_json: b
     from ..control.canary import view
 
     name, version = experiment
+    app.reads_only = not rerun  # showing only reads: it works on a ledger you may not write
     ledger = app.ledger()
     queued: list[str] = []
     if rerun:

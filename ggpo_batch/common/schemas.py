@@ -40,10 +40,11 @@ _REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_tem
 _REPORT_OPAQUE = ("train", "changes.*.*")
 
 SCHEMAS: dict[str, Schema] = {
-    "status": Schema(5, "ggpo-batch status --json; GET /api/status",
+    "status": Schema(6, "ggpo-batch status --json; GET /api/status",
                      "Per experiment version: totals and per-arm figures, its baseline arm and what each arm "
                      "changes against it (`changes`), the runs listed (each with its provenance: "
-                     "code, environment, hardware, spec hash); then the experiments decided before anything was "
+                     "code, environment, hardware, spec hash), its canaries while runs are held for one or were "
+                     "cancelled by one (6: `canaries`); then the experiments decided before anything was "
                      "queued. Streamed: `schema` is on the first line.",
                      _STATUS_MAPS, _STATUS_OPAQUE),
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",

@@ -107,9 +107,8 @@ def start(ledger: Ledger, settings: Settings, experiment_id: int, specs: Sequenc
 
 def submit_canary(ledger: Ledger, settings: Settings, key: str, *, worker: str) -> dict[str, Any]:
     """Submit the canary `key`, unless the ledger says it is not ours to submit."""
-    c = ledger.canary(key)
-    spec = CanarySpec.from_dict(c.spec)
     try:
+        spec = CanarySpec.from_dict(ledger.canary(key).spec)
         c, att = ledger.begin_canary(key, actor=settings.user, worker=worker, executor=spec.executor, gpus=spec.gpus)
     except LedgerError as exc:
         log.info("canary %s not submitted: %s", key, exc.message)
