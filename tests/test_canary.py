@@ -209,3 +209,16 @@ def test_a_member_records_and_reruns_their_canaries_only(pg_url: str) -> None:
                 conn.execute(text(f"DROP ROLE {role}"))
         admin.dispose()
         wipe_pg(pg_url)
+
+
+def test_a_passing_canary_leaves_a_later_waves_runs_held(ledger, settings, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv(CANARY_FAULT_ENV, raising=False)
+    text = DEBUG.replace("seeds = [1, 2]", "seeds = [1, 2, 3, 4]") + (
+        '[power]\nsigma = 0.1\neffect = 0.05\ndesign = "sequential"\nwaves = [2, 4]\n')
+    spec = _spec(tmp_path, text)
+    res = enqueue_spec(ledger, settings, spec, actor="tester")
+    assert res.enqueued == 0 and len(res.held) == 8 and len(res.canaries) == 1
+    assert submit_canary(ledger, settings, res.canaries[0], worker="w-test")["state"] == "passed"
+    states_by_seed = {(r.seed, r.state) for r in ledger.runs()}
+    assert states_by_seed == {(1, "queued"), (2, "queued"), (3, "held"), (4, "held")}

@@ -7,7 +7,7 @@ import click
 
 from ..control import progress
 from ..errors import EXIT_FAILED
-from .app import App, cli, echo_json, experiment_at, pass_app
+from .app import App, cli, echo_json, experiment_at, pass_reader
 
 
 @cli.command()
@@ -15,7 +15,7 @@ from .app import App, cli, echo_json, experiment_at, pass_app
 @click.option("--rerun", is_flag=True, help="Re-run the version's failed canaries (after a fix): the runs they "
               "cancelled go back to held, and are released when the canary passes.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@pass_app
+@pass_reader  # showing only reads (works on a ledger you may not write); --rerun writes
 def canary(app: App, experiment: tuple[str, int | None], rerun: bool, as_json: bool) -> None:
     """Show the canaries of NAME (the latest version, or @VERSION): one per distinct model, rollout,
     ZeRO stage and tensor parallel size of its runs, run before the sweep; each check's result and why
@@ -24,7 +24,7 @@ def canary(app: App, experiment: tuple[str, int | None], rerun: bool, as_json: b
     from ..control.canary import view
 
     name, version = experiment
-    app.reads_only = not rerun  # showing only reads: it works on a ledger you may not write
+    app.reads_only = not rerun  # --rerun writes: refused on a ledger read-only to you (exit 6)
     ledger = app.ledger()
     queued: list[str] = []
     if rerun:
