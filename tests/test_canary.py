@@ -15,7 +15,12 @@ from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
 from ggpo_batch.contracts import states
-from ggpo_batch.contracts.canary_spec import CANARY_FAULT_ENV, canary_specs, shape_of, wanted
+from ggpo_batch.contracts.canary_spec import (
+    CANARY_FAULT_ENV,
+    canary_specs,
+    shape_of,
+    wanted,
+)
 from ggpo_batch.control.canary import submit_canary
 from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.control.queue import RunQueue
@@ -107,7 +112,7 @@ def test_a_passing_canary_releases_the_held_runs(ledger, settings, worker_env, t
 
 def test_a_failing_canary_cancels_the_held_runs_and_a_rerun_releases_them(
         ledger, settings, worker_env, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    spec, res, keys, q = _start(ledger, settings, tmp_path)
+    _, res, keys, q = _start(ledger, settings, tmp_path)
     [key] = res.canaries
     monkeypatch.setenv(CANARY_FAULT_ENV, "push_skips_layer")
     out = submit_canary(ledger, settings, key, worker="w-test")
@@ -146,7 +151,7 @@ def test_a_run_cancelled_by_hand_does_not_come_back_with_a_rerun(ledger, setting
     from ggpo_batch.control.canary import rerun
     from ggpo_batch.control.interventions import cancel_runs
 
-    spec, res, keys, q = _start(ledger, settings, tmp_path)
+    _, res, keys, _q = _start(ledger, settings, tmp_path)
     cancel_runs(ledger, settings, [keys[0]], actor="tester", reason="not needed")
     monkeypatch.setenv(CANARY_FAULT_ENV, "probe_over_ceiling")
     assert submit_canary(ledger, settings, res.canaries[0], worker="w-test")["state"] == "failed"
