@@ -89,7 +89,7 @@ def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(
             raise AssertionError("the worker never started the run")
         # mid-job: training in the payload's process, forked from the worker for it (polled: on a busy
         # machine the fork comes seconds after the attempt's folder)
-        below = wait_until(lambda: (b := descendants(worker.proc.pid)) if len(b) >= 2 else None, 60,
+        below = wait_until(lambda: b if len(b := descendants(worker.proc.pid)) >= 2 else None, 60,
                            "the scheduler and the payload's process below the worker")
         os.kill(worker.proc.pid, signal.SIGKILL)  # the worker alone, as the OOM killer would
         worker.proc.wait(timeout=30)
