@@ -31,6 +31,7 @@ from ggpo_batch.reporting.joblogs import log_path
 from tests.dashboard.server import Dashboard, get
 from tests.support.paths import REPO
 from tests.support.processes import ggpo_measured, unprivileged, unprivileged_prefix
+from tests.support.waiting import wait_until
 
 KEY = "lu-v1-1-clean"
 JOB = "4242"
@@ -125,10 +126,10 @@ def test_an_unreadable_log_is_named_in_one_line_plain_and_followed(led, env) -> 
     assert "readable line" in res.stdout and "hidden line" not in res.stdout
     led.mark_running(KEY, 1, actor="t")
     with _following(unprivileged([sys.executable, "-m", "ggpo_batch.cli", "logs", KEY, "-f"])) as follower:
-        time.sleep(3)
+        _wait_open(follower, out)
         with open(out, "a") as fh:
             fh.write("written while followed\n")
-        time.sleep(2)
+        time.sleep(2)  # a few of the follower's polls (0.5 s) with the new line there, then the end
         stdout, stderr = _ended(led, follower)
     assert follower.returncode == 6, stderr
     assert _errors(stderr) == [f"error: not permitted: reading {err}, cannot be read (Permission denied)"]  # once, not every poll
@@ -146,6 +147,17 @@ def _following(cmd: list[str]) -> Iterator[subprocess.Popen[str]]:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
+
+
+def _wait_open(follower: subprocess.Popen[str], path: Path, timeout_s: float = 60) -> None:
+    """Until the follower holds `path` open (its descriptors in /proc; setpriv execs, same pid)."""
+    def holds() -> bool:
+        fds = Path(f"/proc/{follower.pid}/fd")
+        try:
+            return any(os.readlink(fd) == str(path) for fd in fds.iterdir())
+        except OSError:  # a descriptor closed while listed
+            return False
+    wait_until(holds, timeout_s, f"the follower to open {path}", interval=0.05)
 
 
 def _ended(led, follower: subprocess.Popen[str]) -> tuple[str, str]:  # type: ignore[no-untyped-def]
@@ -194,11 +206,11 @@ def test_a_log_deleted_while_followed_is_read_to_its_end(led, env) -> None:  # t
         with open(err, "a") as fh:  # the job's own descriptor: it writes on after the file is deleted
             fh.write("before the delete\n")
             fh.flush()
-            time.sleep(3)
+            _wait_open(follower, err)  # polled: on a busy machine the follower starts seconds later
             err.unlink()
             fh.write("after the delete\n")
             fh.flush()
-            time.sleep(3)
+            time.sleep(1)  # a poll or two while the file is gone (the end's flush reads the rest anyway)
         stdout, stderr = _ended(led, follower)
     assert follower.returncode == 0 and not _errors(stderr), stderr
     assert stdout.splitlines() == ["before the delete", "after the delete"]

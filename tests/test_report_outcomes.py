@@ -310,7 +310,7 @@ def test_a_real_cpu_run_books_its_evaluation_and_the_report_reads_it(ledger, set
     rep = experiment_report(ledger, "evalpath")
     for arm in ("clean", "paired"):
         run = ledger.get_run(f"evalpath-v1-1-{arm}")
-        assert run.state == "succeeded", run.cause
+        assert run.state == "succeeded", (run.cause, done.stderr.decode()[-4000:])
         details = json.loads(details_path(attempt_folder(settings.jobs_dir, run.run_key, 1)).read_text())
         ev = details["evaluation"]
         assert ev["decoding"] == "greedy" and ev["items"] == 8 and len(ev["per_item"]) == 8
