@@ -162,6 +162,7 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     add("plan", _cli("plan", str(sequential), "--json"))
     add("advise", _cli("advise", "done-exp", "--metric", "steps", "--max-gpu-hours", "64", "--json"))
     add("advise", _cli("advise", "powered-exp", "--json"))
+    _canary(env, tmp_path, add)  # an experiment whose canary ran and passed: `canary`, its report
     add("report", _cli("report", "queued-exp", "--json"))
     add("report_comparison", _cli("report", "done-exp", "queued-exp", "--json"))
     # eval rewards paired by seed, a [power] table and intervals of the difference on both sides
@@ -184,6 +185,7 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
                             ("dashboard_experiment", "/api/experiments/evaluated"),
 
                             ("dashboard_experiment", "/api/experiments/curved-exp"),
+                            ("dashboard_experiment", "/api/experiments/canary-exp"),
                             ("dashboard_experiment", "/api/experiments/powered-exp"),
                             ("dashboard_run", f"/api/runs/{booked}"), ("curves", "/api/experiments/done-exp/curves"),
                             ("curves", "/api/experiments/curved-exp/curves")):
@@ -193,6 +195,29 @@ def _documents(env: dict[str, str], tmp_path: Path, redis_url: str, monkeypatch:
     finally:
         dash.stop()
     return docs
+
+
+def _canary(env: dict[str, str], tmp_path: Path, add: Any) -> None:
+    """An experiment held for its canary (enqueue), the canary booked passed with a record (its job,
+    train/run/canary.py, is tested in tests/train/test_canary_checks.py), then `canary` and `report`."""
+    from ggpo_batch.ledger import connect
+
+    spec = tmp_path / "canary-exp.toml"
+    spec.write_text(SPEC.replace('name = "queued-exp"', 'name = "canary-exp"')
+                    .replace('executor = "debug"', 'executor = "debug"\ncanary = true'))
+    add("enqueue", _cli("enqueue", str(spec), "--json"))
+    led = connect(env["GGPO_DB_URL"])
+    [c] = led.canaries(led.latest_experiment("canary-exp").id)
+    _c, att = led.begin_canary(c.key, actor="t", worker="w", executor="debug", gpus=4)
+    record = {"canary_record": 1, "key": c.key, "passed": True, "device": "cpu",
+              "checks": [{"name": "sleep_wake_generation", "passed": True, "skipped_sleep_wake": True},
+                         {"name": "probe_baseline", "passed": True, "reason": ""}]}
+    led.end_canary(c.key, att.number, attempt_state="succeeded", canary_state="passed", reason=None, record=record,
+                   actor="t", job_id="c1", elapsed_seconds=36.0, gpu_hours_job=0.04)
+    led.engine.dispose()
+    add("status", _cli("status", "-e", "canary-exp", "--json"))  # its runs still held: the canaries shown
+    add("canary", _cli("canary", "canary-exp", "--json"))
+    add("report", _cli("report", "canary-exp", "--json"))
 
 
 def _powered(env: dict[str, str]) -> None:

@@ -50,6 +50,7 @@ READERS = [
     ["enqueue", "{spec}", "--dry-run"], ["enqueue", "{spec}", "--dry-run", "--json"],
     ["costs", "--by", "experiment"], ["costs", "--by", "month", "--json"],
     ["plan", "{spec}", "--sigma", "0.1", "--effect", "0.05"], ["advise", "done-exp", "--metric", "steps", "--json"],
+    ["canary", "live"], ["canary", "live", "--json"],
 ]
 ROUTES = ["/api/status", "/api/status?runs=1", "/api/components", "/api/experiments/done-exp", "/api/costs",
           f"/api/runs/{LIVE_KEY}", "/", "/experiments/done-exp", f"/runs/{LIVE_KEY}", "/costs?by=user", "/metrics"]
@@ -62,6 +63,7 @@ WRITERS = [
     ["reconcile"], ["release", "live"], ["db", "upgrade"], ["db", "downgrade", "base", "--yes"],
     ["ledger", "import", str(SEED_000), "--name", "again"], ["nightly", "--seeds", "42"],
     ["gc", "--older-than", "0d"], ["evaluate", "done-exp", "--data", "eval2.jsonl", "--name", "eval2"],
+    ["canary", "live", "--rerun"],
 ]
 
 

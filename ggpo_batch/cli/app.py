@@ -115,7 +115,7 @@ COMMAND_MODULES: dict[str, tuple[str, ...]] = {
     "notifications": ("notify_cmds",),
     "evaluate": ("evaluate_cmds",),
     "enqueue": ("queue_cmds",), "worker": ("queue_cmds",), "cancel": ("queue_cmds",), "retry": ("queue_cmds",),
-    "reconcile": ("queue_cmds",), "release": ("queue_cmds",),
+    "reconcile": ("queue_cmds",), "release": ("queue_cmds",), "canary": ("canary_cmds",),
     "report": ("report_cmds",), "decide": ("report_cmds",),
     "plan": ("plan_cmds",), "advise": ("plan_cmds",),
     "costs": ("cost_cmds",),

@@ -109,7 +109,8 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
                    "estimated_gpu_hours": res.estimate.total_gpu_hours if res.estimate else None,
                    "cost_basis": res.estimate.cost_basis if res.estimate else None,
                    "within_caps": res.cap.ok if res.cap else None,
-                   "preflight": res.preflight.facts if res.preflight else None, "arms": arm_rows(spec, res)})
+                   "preflight": res.preflight.facts if res.preflight else None, "arms": arm_rows(spec, res),
+                   "held": res.held, "canaries": res.canaries})
         return
     from ..contracts.arm_train import changes_text
     from ..control.costguard import describe
@@ -148,6 +149,10 @@ def enqueue(app: App, spec_file: str, arms: str | None, seeds: str | None, queue
         click.echo(f"sequential design, waves {list(spec.power.waves)}: {len(res.held)} run(s) of the later waves "
                    f"{'would be' if res.dry_run else 'are'} held; reconcile takes a look after each wave and releases "
                    f"the next (or cancels an arm that stopped)")
+    if res.canaries:
+        click.echo(f"canary: {len(res.canaries)} canary allocation(s) {'would run' if res.dry_run else 'started'} "
+                   f"before the sweep ({', '.join(res.canaries)}); the runs of each shape stay held until its canary "
+                   f"passes (`ggpo-batch canary {res.experiment}@{res.version}`)")
     if res.dry_run:
         click.echo("dry run: nothing written")
     else:

@@ -115,6 +115,10 @@ def print_status(experiments: Sequence[dict[str, Any]], console: Console | None 
             console.print(f"  {held} run(s) held off the queue (a canary's or an earlier wave's): ggpo-batch release "
                           f"{exp['experiment']}@{exp['version']} queues them; ggpo-batch cancel --experiment "
                           f"{exp['experiment']} cancels them", markup=False)
+        for c in exp.get("canaries", []):
+            from ..reporting.canary_view import canary_line
+
+            console.print(f"  {canary_line(c, exp['experiment'], exp['version'])}", markup=False)
         if exp.get("hung_runs"):
             console.print(f"  {exp['hung_runs']} running run(s) silent for over {exp['hung_after_seconds']:.0f} s: hung? "
                           f"(ggpo-batch logs RUN_KEY shows what they last wrote)", markup=False)

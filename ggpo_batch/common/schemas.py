@@ -40,31 +40,35 @@ _REPORT_MAPS = ("arms", "arms.*.states", "arms.*.per_seed", "arms.*.exposure_tem
 _REPORT_OPAQUE = ("train", "changes.*.*")
 
 SCHEMAS: dict[str, Schema] = {
-    "status": Schema(5, "ggpo-batch status --json; GET /api/status",
+    "status": Schema(6, "ggpo-batch status --json; GET /api/status",
                      "Per experiment version: totals and per-arm figures, its baseline arm and what each arm "
                      "changes against it (`changes`), the runs listed (each with its provenance: "
-                     "code, environment, hardware, spec hash); then the experiments decided before anything was "
+                     "code, environment, hardware, spec hash), its canaries while runs are held for one or were "
+                     "cancelled by one (6: `canaries`); then the experiments decided before anything was "
                      "queued. Streamed: `schema` is on the first line.",
                      _STATUS_MAPS, _STATUS_OPAQUE),
     "components": Schema(1, "ggpo-batch status --components --json; GET /api/components",
                          "The nightly component tier per method: last nights, moved metrics, missed nights.",
                          ("components", "components.*.nights.metrics", "components.*.moved")),
-    "report": Schema(5, "ggpo-batch report NAME --json (or --format json)",
+    "report": Schema(6, "ggpo-batch report NAME --json (or --format json)",
                      "One experiment's outcome per arm with intervals, paired differences, cost; warnings first. "
                      "`outcome_set` says whose outcome (`report --outcomes`); `train` is the spec's `[train]` "
                      "table as the run specs hold it; `changes`, per arm, the fields it changes against the "
-                     "baseline: field -> [baseline's, arm's]; `power`: per arm what the seeds run could detect.",
+                     "baseline: field -> [baseline's, arm's]; `power`: per arm what the seeds run could detect; "
+                     "`canaries`: the canaries before the sweep, their checks and GPU-hours (6: `canaries`, "
+                     "`totals.canary_gpu_hours`).",
                      _REPORT_MAPS, _REPORT_OPAQUE),
-    "report_comparison": Schema(5, "ggpo-batch report A B --json",
+    "report_comparison": Schema(6, "ggpo-batch report A B --json",
                                 "Two experiments (or versions) side by side; `changes`: per arm, what it changes "
                                 "against the baseline in A and in B.",
                                 ("arms", *_PAIRED_MAPS, "changes", "changes.*.a", "changes.*.b",
                                  *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_MAPS)),
                                 ("changes.*.a.*", "changes.*.b.*",
                                  *(f"{side}.{p}" for side in ("a", "b") for p in _REPORT_OPAQUE))),
-    "enqueue": Schema(2, "ggpo-batch enqueue SPEC --json", "The runs expanded from a spec, what was queued, the "
-                      "cost estimate and the preflight's facts; per arm (`arms`) its runs, their estimated "
-                      "GPU-hours, whether the sweep made it and what it changes against the baseline.",
+    "enqueue": Schema(3, "ggpo-batch enqueue SPEC --json", "The runs expanded from a spec, what was queued, the "
+                      "cost estimate (with the canaries' allocations) and the preflight's facts; per arm (`arms`) "
+                      "its runs, their estimated GPU-hours, whether the sweep made it and what it changes against "
+                      "the baseline; the runs held and the canaries started (3: `held`, `canaries`).",
                       ("preflight", "arms.changes"), ("preflight.*", "arms.changes.*")),
     "cancel": Schema(2, "ggpo-batch cancel --json", "The runs (or, with --evaluation, the evaluations after "
                      "training) cancelled and what each was before."),
@@ -72,6 +76,10 @@ SCHEMAS: dict[str, Schema] = {
                        "after training queued (or already there) per succeeded run, the runs left out and why."),
     "reconcile": Schema(2, "ggpo-batch reconcile --json", "What one reconcile pass polled, ended, started, "
                         "put back on the queue, and the looks of sequential designs it took (2: `looks`)."),
+    "canary": Schema(1, "ggpo-batch canary NAME[@VERSION] --json", "The canaries before the sweep of an experiment "
+                     "version, one per shape (model, rollout, ZeRO stage, tensor parallel size): state, reason, "
+                     "attempts, GPU-hours, job ids, each check's name and result; `rerun`: the canaries queued "
+                     "again by --rerun."),
     "decide": Schema(1, "ggpo-batch decide NAME --not-reproduced --json", "The decision recorded and the queued "
                      "runs it marked not_reproduced."),
     "logs": Schema(2, "ggpo-batch logs RUN_KEY --json", "An attempt's log files (paths, sizes, and why one is "
@@ -83,11 +91,11 @@ SCHEMAS: dict[str, Schema] = {
     "ledger_import": Schema(1, "ggpo-batch ledger import FILE --json", "The experiment an import created (or found "
                             "already there) and its GPU-hours."),
     "ledger_export": Schema(2, "ggpo-batch ledger export --format json", "Runs and attempts as flat rows for a "
-                            "notebook (an attempt's `kind`: training, continuation, evaluation; a run's "
+                            "notebook (an attempt's `kind`: training, continuation, evaluation, canary; a run's "
                             "`allocated_gpu_hours`: its training's). Streamed: `schema` is on the first line."),
     "costs": Schema(1, "ggpo-batch costs --json; GET /api/costs", "GPU-hours booked, attempts and GPU-hours "
                     "decided not spent, one row per user, experiment, queue or month (`by`), then the totals."),
-    "dashboard_experiment": Schema(7, "GET /api/experiments/NAME", "The experiment page's live table "
+    "dashboard_experiment": Schema(8, "GET /api/experiments/NAME", "The experiment page's live table "
                                    "(`status`) and its report (`report`).",
                                    (*(f"status.{p}" for p in _ARM_FIGURES), *(f"report.{p}" for p in _REPORT_MAPS)),
                                    ("status.changes.*.*", *(f"report.{p}" for p in _REPORT_OPAQUE))),

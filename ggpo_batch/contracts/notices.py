@@ -23,7 +23,9 @@ EXPERIMENT_FINISHED = "experiment_finished"  # no run left queued, submitted or 
 COST_DECISION = "cost_decision"  # a not_reproduced_high_cost or cost_accepted decision
 NIGHTLY_MOVED = "nightly_moved"  # a nightly metric moved past the threshold (observed)
 NIGHTLY_MISSED = "nightly_missed"  # a scheduled night with no component run (observed)
-KINDS = (RUN_FAILED, RUN_LOST, RUN_HUNG, EXPERIMENT_FINISHED, COST_DECISION, NIGHTLY_MOVED, NIGHTLY_MISSED)
+CANARY_FAILED = "canary_failed"  # the canary before a sweep failed: its held runs were cancelled
+KINDS = (RUN_FAILED, RUN_LOST, RUN_HUNG, EXPERIMENT_FINISHED, COST_DECISION, NIGHTLY_MOVED, NIGHTLY_MISSED,
+         CANARY_FAILED)
 
 # The run moves that are notified, and as what.
 _RUN_MOVE_KIND: Mapping[str, str] = {"failed": RUN_FAILED, "timeout": RUN_FAILED, "lost": RUN_LOST}
@@ -68,6 +70,15 @@ def run_moved(*, run_key: str, arm: str, seed: int, experiment_id: int | None, t
                   _line(f"run {run_key} {to_state}" + (f": {reason}" if reason else "")),
                   {"run_key": run_key, "arm": arm, "seed": seed, "state": to_state, "reason": reason, "actor": actor,
                    "attempt_id": attempt_id}, experiment_id)
+
+
+def canary_failed(*, run_key: str, experiment_id: int | None, reason: str | None, actor: str,
+                  attempt_id: int | None) -> Notice:
+    """The notice of a failed canary (its key `<run key>-canary`; once per attempt)."""
+    which = f"a{attempt_id}" if attempt_id is not None else uuid.uuid4().hex[:12]
+    return Notice(_key("canary", "failed", run_key, which), CANARY_FAILED,
+                  _line(f"canary of {run_key} failed" + (f": {reason}" if reason else "")),
+                  {"run_key": run_key, "reason": reason, "actor": actor, "attempt_id": attempt_id}, experiment_id)
 
 
 def decided(*, decision_id: int, experiment_name: str, experiment_id: int | None, kind: str, actor: str,

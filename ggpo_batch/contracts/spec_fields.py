@@ -195,6 +195,14 @@ FIELDS: tuple[Field, ...] = (
     F("experiment.baseline", "string", None, "The arm every other arm is paired against (report, dashboard, "
       "plan, advise; `report --baseline` overrides).", rule="an arm of the spec",
       shown_default="`clean` if there is such an arm, else the first arm"),
+    F("experiment.canary", "boolean", None, "Run one short canary allocation per distinct (model, rollout, ZeRO "
+      "stage, tensor parallel size) before the sweep; the runs stay held until it passes (docs/researcher.md).",
+      shown_default='true for `executor = "slurm"` with `rollout = "vllm"` and at least 4 runs in the enqueue, '
+                    'else false'),
+    F("experiment.canary_gpus", "integer", None, "GPUs of one canary's allocation (one node).", lo=1, hi=64,
+      shown_default="the runs' GPUs per node"),
+    F("experiment.canary_minutes", "number", None, "The canary allocation's time limit, in minutes.", lo=1,
+      hi=24 * 60, shown_default="20"),
     F("experiment.priority", "string", DEFAULT_PRIORITY, "Which runs workers take first (`enqueue --priority` "
       "overrides); not part of the spec's hash.", choices=PRIORITIES),
     # -- [overheads] ---------------------------------------------------------------------------------

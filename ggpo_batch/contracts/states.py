@@ -5,7 +5,8 @@ ledger enforces the moves, settlement decides them, executors report scheduler s
 A run: queued -> submitted -> running -> succeeded | failed | timeout | cancelled | lost, or
 not_reproduced (decided before any GPU was spent). A run may be created `held`: in the ledger but
 never on the queue (waiting for a canary, or for an earlier wave), until it is released (held ->
-queued) or cancelled (held -> cancelled); ggpo_batch/control/holds.py. A later wave the cost guard
+queued) or cancelled (held -> cancelled); ggpo_batch/control/holds.py. A run a failed canary cancelled
+goes back to held when the canary is re-run (cancelled -> held, `ggpo-batch canary --rerun`). A later wave the cost guard
 refuses is decided not reproduced (held -> not_reproduced; ggpo_batch/control/waves.py). An attempt (one allocation): submitting ->
 submitted -> running -> one of ATTEMPT_FINAL.
 """
@@ -42,7 +43,8 @@ RUN_MOVES: Mapping[str | None, frozenset[str]] = {
     "failed": frozenset({"queued"}),
     "timeout": frozenset({"queued"}),
     "lost": frozenset({"queued"}),
-    "cancelled": frozenset({"queued"}),
+    # back to held only for a run a failed canary cancelled, by `canary --rerun` (ledger/canaries.py checks why)
+    "cancelled": frozenset({"queued", HELD}),
     # back to queued when its cost is accepted; to held if it is of a sequential design's later wave
     "not_reproduced": frozenset({"queued", HELD}),
     "succeeded": frozenset(),
@@ -67,7 +69,11 @@ KIND_COST_ACCEPTED = "cost_accepted"
 ATTEMPT_KIND_TRAINING = "training"
 ATTEMPT_KIND_CONTINUATION = "continuation"
 ATTEMPT_KIND_EVALUATION = "evaluation"
-ATTEMPT_KINDS = (ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION, ATTEMPT_KIND_EVALUATION)
+# The canary before a sweep (contracts/canary_spec.py), booked on the run it stands for while that run is held.
+ATTEMPT_KIND_CANARY = "canary"
+ATTEMPT_KINDS = (ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION, ATTEMPT_KIND_EVALUATION, ATTEMPT_KIND_CANARY)
+# The reason a failed canary cancels its held runs with starts with this: only those may go back to held.
+CANARY_CANCEL_PREFIX = "canary failed: "
 # The kinds that train the run: what the report's training figures (cost, retries) count.
 TRAINING_ATTEMPT_KINDS = frozenset({ATTEMPT_KIND_TRAINING, ATTEMPT_KIND_CONTINUATION})
 

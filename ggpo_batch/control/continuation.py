@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from ..contracts.allocation import time_limit_path
 from ..contracts.runspec import run_lifecycle
+from ..contracts.states import ATTEMPT_KIND_CANARY
 
 if TYPE_CHECKING:
     from ..ledger.schema import Attempt, Run
@@ -92,7 +93,8 @@ def judge(run: Run, attempt: Attempt, note: TimeLimitNote | None, cost: CapCheck
                               f"limit?); not continued")
     if not enabled:
         return Verdict(False, f"{where}; continue_on_timeout is off: {resume}")
-    n = 1 + sum(1 for a in run.attempts if a.state == "timeout" and a.number != attempt.number)
+    n = 1 + sum(1 for a in run.attempts if a.state == "timeout" and a.number != attempt.number
+                and a.kind != ATTEMPT_KIND_CANARY)
     if n > most:
         return Verdict(False, f"{where}; no continuation left (max_continuations = {most}): {resume}")
     if cost is not None and not cost.ok:

@@ -22,7 +22,7 @@ from ..errors import CostCapExceeded, SpecError
 from ..ledger import Ledger, NewRun
 from ..spec import preflight
 from ..spec.parse import ExperimentSpec, spec_diff
-from . import costguard, waves
+from . import canary, costguard, waves
 from .queue import RunQueue
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class EnqueueResult:
     restored: int = 0
     preflight: preflight.Report | None = None  # what preflight checked and measured
     held: list[str] = field(default_factory=list)  # new runs recorded held, not queued (control/holds.py)
+    # canaries started by this enqueue (control/canary.py), and with --dry-run those it would start
+    canaries: list[str] = field(default_factory=list)
 
 
 def new_run(r: RunSpec, est: dict[str, float], priority: str = DEFAULT_PRIORITY) -> NewRun:
@@ -108,6 +110,9 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         todo = [r for r in runs if r.run_key not in existing]
         decided = [r for r in runs if existing.get(r.run_key) == "not_reproduced"]
         est = costguard.estimate(ledger, spec, todo + decided)
+        # A canary per shape before the sweep (control/canary.py): its allocations priced with the runs.
+        gate = canary.gate(ledger, spec, runs, todo + decided, latest.id if same and latest is not None else None)
+        est = canary.with_canaries(est, gate)
         cap = costguard.check_caps(ledger, spec, est, settings=settings, user=actor, queue=queue_name)
         if not dry_run:
             fault_pause(settings, "after_cost_check")
@@ -118,6 +123,9 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         held = ({r.run_key for r in todo} if hold
                 else waves.later_wave_keys(ledger, spec, todo + decided,
                                            latest.id if same and latest is not None else None))
+        if gate is not None:
+            held |= gate.held
+            res.canaries = [c.key for c in gate.new]
         res.held = [r.run_key for r in todo + decided if r.run_key in held]
         if dry_run or not (todo or decided):
             if same and not dry_run and latest is not None:
@@ -140,12 +148,13 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
         keys = [r.run_key for r in decided + todo if r.run_key not in held]
         states = [HELD if r.run_key in held else "queued" for r in todo]
         queue = RunQueue.from_url(settings.redis_url, queue_name)
+        exp_id = latest.id if same and latest is not None else None
         if todo:
             if same and latest is not None:
                 ledger.add_runs(latest.id, [new_run(r, per_run, priority) for r in todo], actor=actor, states=states)
             else:
-                ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor, states=states,
-                                         runs=[new_run(r, per_run, priority) for r in todo])
+                exp_id = ledger.create_experiment(**new_experiment(spec, version, queue_name), actor=actor, states=states,
+                                                  runs=[new_run(r, per_run, priority) for r in todo]).id
         priorities = {r.run_key: priority for r in todo}
         if accepting:
             # Moves this spec's not_reproduced runs back to queued, in the decision's transaction.
@@ -155,6 +164,8 @@ def enqueue_spec(ledger: Ledger, settings: Settings, spec: ExperimentSpec, *, ar
                 priorities.update((r.run_key, r.priority) for r in ledger.runs(experiment_id=latest.id,
                                                                                states=["queued"], with_attempts=False))
     # Redis only now, after the ledger has committed: a failed ledger write sends nothing.
+    if gate is not None and gate.new and exp_id is not None:
+        res.canaries = canary.start(ledger, settings, exp_id, gate.new, actor=actor, queue_name=queue_name)
     res.enqueued = queue.enqueue_by_priority((key, priorities.get(key, priority)) for key in keys)
     log.info("enqueued %d run(s) of %s v%d on %s", res.enqueued, spec.name, version, queue_name)
     if same and latest is not None:

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 JOB_FUNC = "ggpo_batch.worker.execute_run"
 # An evaluation after training: its key (`<run key>-eval_<name>`) is the job id and only argument.
 EVALUATION_JOB_FUNC = "ggpo_batch.worker.execute_evaluation"
+# The canary before a sweep: its key (`<run key>-canary`) is the job id and only argument.
+CANARY_JOB_FUNC = "ggpo_batch.worker.execute_canary"
 CHUNK = 500
 RESULT_TTL = 7 * 24 * 3600
 FAILURE_TTL = 30 * 24 * 3600

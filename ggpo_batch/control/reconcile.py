@@ -33,7 +33,11 @@ from ..contracts.allocation import attempt_folder
 from ..contracts.heartbeat import read_heartbeat
 from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
-from ..contracts.states import ATTEMPT_KIND_EVALUATION, SCHEDULER_NODE_FAILURE
+from ..contracts.states import (
+    ATTEMPT_KIND_CANARY,
+    ATTEMPT_KIND_EVALUATION,
+    SCHEDULER_NODE_FAILURE,
+)
 from ..errors import ExecutorError, LedgerError
 from ..executor import Executor, JobAccount, JobInfo, make_executor
 from ..ledger import Ledger, connect
@@ -41,8 +45,8 @@ from ..ledger.heartbeats import heartbeat_time
 from ..ledger.schema import Attempt, Run, utcnow
 from ..notify.cycle import notify_cycle
 from ..reporting.joblogs import job_folder
-from . import evaluation_jobs, progress
-from .queue import EVALUATION_JOB_FUNC, JOB_FUNC, RunQueue
+from . import canary, evaluation_jobs, progress
+from .queue import CANARY_JOB_FUNC, EVALUATION_JOB_FUNC, JOB_FUNC, RunQueue
 from .settlement import over_allowance, retries_used, settle
 from .waves import take_looks
 
@@ -103,6 +107,11 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
             if att.job_id not in accounts:
                 continue
             info, segments = accounts[att.job_id].latest, accounts[att.job_id].segments  # type: ignore[index]
+            if att.kind == ATTEMPT_KIND_CANARY:  # the canary before a sweep: its run stays held (control/canary.py)
+                with _one_run(rep, run.run_key):
+                    ended, started = canary.reconcile_attempt(ledger, settings, run, att, info, actor=actor)
+                    rep.ended, rep.started = rep.ended + ended, rep.started + started
+                continue
             if att.kind == ATTEMPT_KIND_EVALUATION:  # an evaluation after training: its run stays succeeded
                 with _one_run(rep, run.run_key):
                     ended, started = evaluation_jobs.reconcile_attempt(ledger, settings, run, att, info, actor=actor)
@@ -124,6 +133,12 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
                     rep.started += 1
         for run, att in pairs:
             if att.job_id or att.state != "submitting":
+                continue
+            if att.kind == ATTEMPT_KIND_CANARY:
+                if run.run_key not in busy and utcnow() - att.created_at >= stale_after:
+                    with _one_run(rep, run.run_key):
+                        rep.resolved_submitting += canary.resolve_submitting(ledger, settings, ex, run, att,
+                                                                             actor=actor)
                 continue
             if att.kind == ATTEMPT_KIND_EVALUATION:
                 with _one_run(rep, run.run_key):
@@ -149,7 +164,8 @@ def reconcile(ledger: Ledger, settings: Settings, queues: Sequence[RunQueue], *,
     rep.looks = sum(1 for step in take_looks(ledger, settings, actor=actor) if step.look is not None)
     rep.requeued = (_requeue_missing(ledger, settings, queues, ledger.queued_run_keys, JOB_FUNC, "run")
                     + _requeue_missing(ledger, settings, queues, ledger.queued_evaluation_keys, EVALUATION_JOB_FUNC,
-                                       "evaluation"))
+                                       "evaluation")
+                    + _requeue_missing(ledger, settings, queues, ledger.queued_canary_keys, CANARY_JOB_FUNC, "canary"))
     rep.active = sum(1 for r, a in ledger.active_attempts() if not names or settings.queue_for(r.experiment.queue) in names)
     notify_cycle(ledger, settings)  # what it observed, and the outbox's deliveries: bounded, never raises
     return rep

@@ -29,6 +29,7 @@ from ..contracts.outcome import read_outcome
 from ..contracts.run_record import check_run_record, entry_key
 from ..contracts.runspec import run_lifecycle
 from ..contracts.states import (
+    ATTEMPT_KIND_CANARY,
     INFRASTRUCTURE_ATTEMPT_STATES,
     RUN_STATE_AFTER,
     SCHEDULER_INFRASTRUCTURE,
@@ -46,8 +47,9 @@ log = logging.getLogger(__name__)
 
 
 def retries_used(run: Run) -> int:
-    """Attempts of `run` that ended for an infrastructure cause: the retries it has had."""
-    return sum(1 for a in run.attempts if a.state in INFRASTRUCTURE_ATTEMPT_STATES)
+    """Attempts of `run` that ended for an infrastructure cause: the retries it has had (its canary's,
+    booked on the run it stands for, are the canary's own: control/canary.py)."""
+    return sum(1 for a in run.attempts if a.state in INFRASTRUCTURE_ATTEMPT_STATES and a.kind != ATTEMPT_KIND_CANARY)
 
 
 def over_allowance(run: Run) -> bool:

@@ -81,6 +81,13 @@ def execute_evaluation(key: str) -> dict[str, Any]:
     return _in_this_worker(submit_evaluation, key)
 
 
+def execute_canary(key: str) -> dict[str, Any]:
+    """RQ job: submit the canary before a sweep (control/canary.py)."""
+    from .canary import submit_canary
+
+    return _in_this_worker(submit_canary, key)
+
+
 def _in_this_worker(submit: Callable[..., dict[str, Any]], key: str) -> dict[str, Any]:
     """`submit(ledger, settings, key, worker=...)` with the worker's own ledger and settings; its log
     lines name the run (config/logs.py)."""
@@ -342,4 +349,5 @@ def as_identified(settings: Settings, ledger: Ledger) -> Settings:
 def _has_queued_runs(settings: Settings, queues: Sequence[str]) -> bool:
     ledger = _process.ledger if _process is not None else connect(settings.db_url)
     return (ledger.count_queued(queues, default_queue=settings.queue)
-            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)) > 0
+            + ledger.count_queued_evaluations(queues, default_queue=settings.queue)
+            + sum(len(ledger.queued_canary_keys(q, default_queue=settings.queue)) for q in queues)) > 0

@@ -18,6 +18,7 @@ import submitit
 from ..common import metrics
 from ..common.netutil import free_port
 from ..contracts.allocation import alloc_start_export, record_path, vllm_cache_export
+from ..contracts.canary_spec import CanarySpec
 from ..contracts.evaluation_spec import EvaluationSpec
 from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
@@ -88,7 +89,8 @@ class LocalExecutor(Executor):
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
         # collided (EADDRINUSE) with a port still held on this machine.
         # An evaluation after training runs one rank per GPU it asked for (CPU ranks here).
-        tasks = spec.gpus if isinstance(spec, EvaluationSpec) else self.tasks
+        # A canary is one process (train/run/canary.py).
+        tasks = spec.gpus if isinstance(spec, EvaluationSpec) else 1 if isinstance(spec, CanarySpec) else self.tasks
         ex.update_parameters(tasks_per_node=tasks, timeout_min=self.timeout_min, gpus_per_node=0,
                              setup=[alloc_start_export("$(date +%s.%N)"), f"export MASTER_PORT={free_port()}",
                                     vllm_cache_export(self.jobs_dir),

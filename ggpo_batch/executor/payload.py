@@ -11,15 +11,21 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.allocation import checkpoint_folder, evaluation_record_path
+from ..contracts.canary_spec import CANARY_RECORD_FILE, CanarySpec
 from ..contracts.evaluation_spec import EvaluationSpec
 from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
 
 
-def make_payload(spec: RunSpec | EvaluationSpec, output: Path) -> Callable[[], Any]:
+def make_payload(spec: RunSpec | EvaluationSpec | CanarySpec, output: Path) -> Callable[[], Any]:
     """The callable that trains `spec` inside an allocation and writes its record to `output` (in the
     attempt's folder); its checkpoint goes to the run's folder, where the run's next attempt finds it.
-    An evaluation after training writes its evaluation record in the same folder instead."""
+    An evaluation after training writes its evaluation record in the same folder instead, a canary its
+canary record."""
+    if isinstance(spec, CanarySpec):  # the canary before a sweep writes its record beside (canary_spec.py)
+        from ..train.run.canary import CanaryJob
+
+        return CanaryJob(spec.to_json(), str(Path(output).parent / CANARY_RECORD_FILE))
     if isinstance(spec, EvaluationSpec):
         from ..train.run.eval_job import EvaluationJob
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import re
 import signal
@@ -46,6 +47,7 @@ from ..contracts.allocation import (
     time_limit_export,
     vllm_cache_export,
 )
+from ..contracts.canary_spec import CanarySpec
 from ..contracts.evaluation_spec import EvaluationSpec, evaluation_ranks
 from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
@@ -220,7 +222,7 @@ class SlurmExecutor(Executor):
             log.warning("several Slurm jobs named %s (%s); using the first", name, ", ".join(ids))
         return min(ids, key=_id_key) if ids else None
 
-    def submit(self, spec: RunSpec | EvaluationSpec, attempt: int, folder: Path, *, lookup: bool = True,
+    def submit(self, spec: RunSpec | EvaluationSpec | CanarySpec, attempt: int, folder: Path, *, lookup: bool = True,
                priority: str = DEFAULT_PRIORITY) -> str:
         name, comment = job_name(spec.run_key, attempt), job_comment(spec.run_key, attempt)
         existing = self.find_by(name, comment) if lookup else None
@@ -229,6 +231,10 @@ class SlurmExecutor(Executor):
             return existing
         from .payload import make_payload
 
+        if isinstance(spec, CanarySpec):  # `gpus` GPUs of one node, one process, `minutes`; never requeued
+            payload = make_payload(spec, record_path(Path(folder)))
+            return self.submit_callable(payload, name, comment, folder=Path(folder), requeues=0,
+                                        **canary_allocation(self.profile, spec.gpus, spec.minutes))
         if isinstance(spec, EvaluationSpec):  # its own allocation: `gpus` GPUs of one node
             payload = make_payload(spec, record_path(Path(folder)))
             return self.submit_callable(payload, name, comment, folder=Path(folder), requeues=0,
@@ -355,6 +361,15 @@ def evaluation_allocation(profile: SlurmProfile, gpus: int) -> dict[str, Any]:
                             f"({profile.gpus_per_node} GPUs)")
     ranks = evaluation_ranks(gpus, gpus_per_node=profile.gpus_per_node, tasks_per_node=profile.tasks_per_node)
     return {"nodes": 1, "gpus_per_node": gpus, "ntasks_per_node": ranks}
+
+
+def canary_allocation(profile: SlurmProfile, gpus: int, minutes: float) -> dict[str, Any]:
+    """submitit parameters of a canary: `gpus` GPUs of one node of `profile`, one task (the canary is
+    one process: train/run/canary.py), a time limit of `minutes`."""
+    if gpus > profile.gpus_per_node:
+        raise ExecutorError(f"a canary on {gpus} GPUs does not fit a node of profile {profile.name} "
+                            f"({profile.gpus_per_node} GPUs)")
+    return {"nodes": 1, "gpus_per_node": gpus, "ntasks_per_node": 1, "time": max(1, math.ceil(minutes))}
 
 
 def _own_exit_states(account: JobAccount) -> JobAccount:

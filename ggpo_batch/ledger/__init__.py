@@ -37,6 +37,7 @@ _HOME = {"NewRun": ".core", "QuotaExceeded": ".quotas", "current_revision": ".db
 
 def _ledger_class() -> type:
     from .attempts import AttemptTransitions
+    from .canaries import CanaryRecords
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .evaluation_rows import EvaluationRecords
@@ -50,7 +51,7 @@ def _ledger_class() -> type:
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries, HeartbeatRecords,
                  NotificationRecords, EvaluationRecords,
-                 ObservationRecords, GaugeReads, LookRecords):
+                 ObservationRecords, GaugeReads, LookRecords, CanaryRecords):
         """The ledger on one database. Cheap to create; holds only an engine.
 
         Every public method is one transaction and is retried while the database is unreachable,
@@ -92,6 +93,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
     from .attempts import AttemptTransitions
+    from .canaries import CanaryRecords
     from .component_runs import ComponentRecords
     from .costs import CostRecords
     from .evaluation_rows import EvaluationRecords
@@ -105,4 +107,4 @@ if TYPE_CHECKING:  # for type checkers: the class __getattr__ builds
 
     class Ledger(RunTransitions, AttemptTransitions, CostRecords, ComponentRecords, RunSummaries,
                  HeartbeatRecords, NotificationRecords, EvaluationRecords,
-                 ObservationRecords, GaugeReads, LookRecords): ...
+                 ObservationRecords, GaugeReads, LookRecords, CanaryRecords): ...

@@ -36,6 +36,9 @@ def notice_of(*, entity: str, to_state: str, actor: str, reason: str | None = No
     if entity == "run" and run is not None:
         return kinds.run_moved(run_key=run.run_key, arm=run.arm, seed=run.seed, experiment_id=run.experiment_id,
                                to_state=to_state, reason=reason, actor=actor, attempt_id=attempt_id)
+    if entity == "canary" and to_state == "failed" and run is not None:
+        return kinds.canary_failed(run_key=run.run_key, experiment_id=run.experiment_id, reason=reason, actor=actor,
+                                   attempt_id=attempt_id)
     if entity == "decision" and decision is not None:
         return kinds.decided(decision_id=decision.id, experiment_name=decision.experiment_name,
                              experiment_id=decision.experiment_id, kind=decision.kind, actor=actor,

@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 # What a reader of a ledger it may not write can still run (named in the refusals).
 READING_COMMANDS = ("status, report, costs, ledger export, logs, notifications, dashboard, db current, "
-                    "enqueue --dry-run, plan, advise")
+                    "enqueue --dry-run, plan, advise, canary")
 
 Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
 

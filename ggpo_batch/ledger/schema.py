@@ -274,6 +274,31 @@ class SequentialLook(Base):
     decided_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Canary(Base):
+    """The canary of one shape of an experiment version (contracts/canary_spec.py, migration 0013): the
+    run it stands for (whose attempts of kind `canary` carry its GPU-hours), its state, why it failed,
+    and the record its job wrote (each check's name, figures, passed)."""
+
+    __tablename__ = "canaries"
+    __table_args__ = (UniqueConstraint("key", name="uq_canary_key"), UniqueConstraint("run_id", name="uq_canary_run"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    key: Mapped[str] = mapped_column(String(220))  # `<run key>-canary`: its RQ job id
+    shape: Mapped[dict[str, Any]] = mapped_column(JSON)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)  # canary_spec.CanarySpec, plain JSON
+    state: Mapped[str] = mapped_column(String(16))  # canary_spec.CANARY_STATES
+    gpus: Mapped[int] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    record: Mapped[dict[str, Any] | None] = mapped_column(JSON, deferred=True)
+    created_by: Mapped[str] = mapped_column(String(USER_MAX))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    run: Mapped[Run] = relationship(lazy="joined", innerjoin=True)
+
+
 class Event(Base):
     """Append-only: every state transition of a run or attempt, and every decision."""
 

@@ -39,13 +39,23 @@ from ..contracts.accounting import attempt_gpu_hours
 from ..contracts.arm_train import arm_changes
 from ..contracts.evaluation_spec import TRAINING_OUTCOME_SET
 from ..contracts.outcome import OUTCOME_METRICS, matched_difference
-from ..contracts.run_record import PAIRED_RECORD_METRICS, audit_failed, budget_reconciled
+from ..contracts.run_record import (
+    PAIRED_RECORD_METRICS,
+    audit_failed,
+    budget_reconciled,
+)
 from ..contracts.runspec import DEFAULT_BASELINE, spec_baseline
-from ..contracts.states import ATTEMPT_KIND_EVALUATION, HELD, KIND_NOT_REPRODUCED, TRAINING_ATTEMPT_KINDS
+from ..contracts.states import (
+    ATTEMPT_KIND_EVALUATION,
+    HELD,
+    KIND_NOT_REPRODUCED,
+    TRAINING_ATTEMPT_KINDS,
+)
 from ..errors import LedgerError
 from ..ledger import Ledger
 from ..ledger.schema import Run
 from . import stats
+from .canary_view import canary_line, canary_rows
 from .fairness import comparability_warnings, notes
 from .powered import power_block, with_recorded
 from .provenance_checks import provenance_notes, provenance_warnings
@@ -298,6 +308,8 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
     mine = [d for d in decisions if exp is None or d.experiment_id in (None, exp.id)]
     spent = [r["allocated_gpu_hours"] for r in rows if r["allocated_gpu_hours"] is not None]
     evaluation_spent = math.fsum(h for r in runs if (h := run_gpu_hours(r, EVALUATION_KINDS)) is not None)
+    canaries = canary_rows(ledger, exp.id) if exp is not None else []
+    canary_spent = math.fsum(c["gpu_hours"] for c in canaries)
     estimates = [r.estimated_gpu_hours for r in runs if r.estimated_gpu_hours is not None]
     spec = ledger.experiment_spec(exp.id) if exp is not None else {}
     if baseline is None:
@@ -321,7 +333,10 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
         "outcome_sets": outcome_sets,
         "warnings": comparability_warnings(by_arm, baseline if has_baseline else None, requested=baseline)
         + provenance_warnings(by_arm, ledger.distributions) if runs else [],
-        "notes": notes(by_arm) + provenance_notes(by_arm) + _held_notes(runs, experiment, exp),
+        "notes": notes(by_arm) + provenance_notes(by_arm) + _held_notes(runs, experiment, exp)
+        + [canary_line(c, experiment, exp.version) for c in canaries if c["state"] != "passed"],
+        # The canaries before the sweep (control/canary.py): state, reason, checks, GPU-hours (in spent too).
+        "canaries": canaries,
         "arms": {arm: _arm_summary(rs) for arm, rs in sorted(by_arm.items())},
         "paired_vs_baseline": _paired(by_arm, baseline) if has_baseline else {},
         "totals": {
@@ -329,8 +344,9 @@ def experiment_report(ledger: Ledger, experiment: str, *, version: int | None = 
             "audit_failed_runs": sum(1 for r in rows if r["audit_failed"]),
             "budget_not_reconciled_runs": sum(1 for r in rows if r["budget_reconciled"] is False),
             "attempts": sum(r["attempts"] for r in rows),
-            "spent_gpu_hours": math.fsum(spent) + evaluation_spent,
+            "spent_gpu_hours": math.fsum(spent) + evaluation_spent + canary_spent,
             "evaluation_gpu_hours": evaluation_spent,  # of the evaluations after training (in spent too)
+            "canary_gpu_hours": canary_spent,  # of the canaries before the sweep (in spent too)
             "decided_not_spent_gpu_hours": _decided_not_spent(runs, mine),
             "decided_runs": sum(1 for r in runs if r.state == "not_reproduced"),
             "estimated_gpu_hours": math.fsum(estimates) if estimates else None,

@@ -224,6 +224,11 @@ def iter_experiment_status(ledger: Ledger, *, experiment: str | None = None, sta
             if any(c.state == "running" for c in cells) else 0,
             "hung_after_seconds": hung_after,
             "decisions": [decision_row(d) for d in ledger.decisions(exp.name)],
+            # its canaries while they matter here: runs held for one, or cancelled by one that failed
+            # (control/canary.py); the report shows them always
+            "canaries": [{"key": c.key, "state": c.state, "reason": c.reason, "shape": dict(c.shape)}
+                         for c in ledger.canaries(exp.id)] if any(c.state in (HELD, "cancelled") for c in cells)
+            else [],
         }
         present = sorted({c.state for c in cells})  # no query for a state the experiment has no run in
         runs = ledger.status_runs(exp.id, states=present, attention=attention, limit=limit)

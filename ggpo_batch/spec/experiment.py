@@ -93,6 +93,11 @@ class ExperimentSpec:
     sweep: Mapping[str, Sequence[Any]] | None = None
     # [power], as declared (None: no table; absent from the hash, so specs without it keep theirs)
     power: PowerSpec | None = None
+    # [experiment] canary / canary_gpus / canary_minutes (contracts/canary_spec.py); None: the automatic
+    # choice and the defaults. Absent from the hash at None, so specs written before them keep theirs.
+    canary: bool | None = _D("experiment.canary")
+    canary_gpus: int | None = _D("experiment.canary_gpus")
+    canary_minutes: float | None = _D("experiment.canary_minutes")
 
     @property
     def allocated_gpus(self) -> int:
@@ -123,6 +128,9 @@ class ExperimentSpec:
             d.pop("evaluations")
         if self.power is None:  # absent when none, as [[evaluations]]
             d.pop("power")
+        for key in ("canary", "canary_gpus", "canary_minutes"):  # absent at None, as `power`
+            if d[key] is None:
+                d.pop(key)
         return json.loads(json.dumps(d, sort_keys=True))
 
     @property

@@ -287,6 +287,8 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
     queue = _value(p, "experiment", e, "experiment.queue", NAME)
     lifecycle = {key: _value(p, "experiment", e, f"experiment.{key}") for key in LIFECYCLE_DEFAULTS}
     priority = _value(p, "experiment", e, "experiment.priority")
+    canary = {key: _value(p, "experiment", e, f"experiment.{key}") for key in ("canary", "canary_gpus",
+                                                                           "canary_minutes")}
 
     o = _table(p, "overheads", data.get("overheads", {}))
     _unknown(p, "overheads", o, _OVERHEAD_KEYS)
@@ -319,7 +321,7 @@ def parse_spec(data: Mapping[str, Any], path: str) -> ExperimentSpec:
                                 retries=retries, queue=queue, description=description, overheads=overheads,
                                 train=json.loads(json.dumps(train)), nodes=nodes, priority=priority, evaluations=evaluations,
                                 baseline=declared, arm_train=json.loads(json.dumps(trains)), sweep=sweep, power=power,
-                                **lifecycle))
+                                **lifecycle, **canary))
 
 
 def load_spec(path: str | Path) -> ExperimentSpec:

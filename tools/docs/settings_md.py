@@ -69,6 +69,9 @@ ENVIRONMENT_ONLY = {
     "GGPO_CONFIG": "read this one settings file instead of the site's and the user's",
     "GGPO_IMAGE_DIGEST": "the digest of the image the allocation runs (e.g. `sha256:...`), set in the workers' "
                          "environment; recorded in each attempt's provenance",
+    "GGPO_CANARY_FAULT": "tests only: a defect planted in a canary job's checks (`push_skips_layer`, "
+                         "`reduction_differs`, `probe_over_ceiling`; ggpo_batch/train/run/canary.py), each making "
+                         "its own check fail",
 }
 # Set by ggpo-batch in a job's environment (the batch script exports them; ggpo_batch/contracts/allocation.py).
 FOR_JOBS = {
