@@ -184,8 +184,9 @@ def test_timeout_ends_timeout_and_is_not_requeued(executor, tag):
                                       time=2, requeues=3)
     info = wait_for(executor, job_id, final, 240)
     assert info.state == "TIMEOUT", info
-    time.sleep(3)
-    again = executor.accounts([job_id])[job_id]
+    # sacct's record of the allocation, once slurmdbd has it (polled, not a fixed 3 s)
+    again = wait_until(lambda: a if (a := executor.accounts([job_id]).get(job_id)) and a.latest.alloc_gpus else None,
+                       60, "sacct's allocation of the timed-out job")
     assert again.latest.state == "TIMEOUT" and again.latest.restarts == 0 and len(again.segments) == 1
     assert again.latest.alloc_gpus == 4 and again.latest.elapsed_seconds >= 120
 
