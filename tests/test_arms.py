@@ -201,7 +201,7 @@ def test_dry_run_lists_the_sweep_arms_with_their_gpu_hours(env: dict[str, str], 
     assert rows["lr_3em06"]["swept"] and not rows["kl0"]["swept"] and rows["clean"]["baseline"]
     assert rows["lr_3em06"]["changes"] == {"train.lr": [0.001, 3e-6]}
     assert rows["lr_3em06"]["estimated_gpu_hours"] == pytest.approx(2 * 1 * (5 + 690) / 3600)
-    assert doc["schema"] == 2
+    assert doc["schema"] == 3  # enqueue 3: the canaries (issue 39)
 
 
 def test_report_status_and_comparison_name_what_each_arm_changes(ledger, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]

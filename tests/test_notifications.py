@@ -34,6 +34,7 @@ from tests.support.receivers import (
     free_port,
     stopping,
 )
+from tests.support.waiting import wait_until
 
 TIMEOUT = 0.5  # seconds a delivery waits for a sink (GGPO_NOTIFY_TIMEOUT_SECONDS)
 
@@ -224,8 +225,13 @@ def test_every_event_arrives_once_keyed_through_dead_and_hanging_sinks(  # type:
     with stopping(hole):
         took = _pass(settings)
         assert len(hole.accepted) == 1, "the hanging sink is tried once a pass, not once per notice"
-        assert took < TIMEOUT + 2.0, took
-        assert _pass(settings) < 1.0 and len(hole.accepted) == 1, "a sink in back-off is left alone"
+        _pass(settings)
+        assert len(hole.accepted) == 1, "a sink in back-off is left alone"
+        # The hanging sink held the pass for its timeout, not more: measured by the sink (the client
+        # closed its connection then). The pass's own wall time only bounds a hang: on a saturated
+        # machine its other work took 3.5 s, and a bound of the timeout + 2 s failed.
+        [held] = wait_until(lambda: hole.held, 10, "the client to close its connection to the hanging sink")
+        assert held < TIMEOUT + 1.0 and took < TIMEOUT + 30, (held, took)
         view = json.loads(CliRunner().invoke(cli, ["notifications", "--json"], catch_exceptions=False).output)
     sinks = {s["name"].split(":")[0]: s for s in view["sinks"]}
     assert sinks["webhook"]["retrying"] == 1 and "refused" in sinks["webhook"]["last_error"]
@@ -286,8 +292,8 @@ def test_a_dead_sink_costs_a_pass_one_timeout_and_a_transition_nothing(  # type:
         # One connection a sink (above) is what a per-pass breaker buys; the times only bound the pass
         # (one timeout a sink, with room for a loaded machine: 10 notices a timeout each would be 10 s).
         assert took < 2 * TIMEOUT + 3.0, f"a pass with two hanging sinks took {took:.2f} s"
-        again = _pass(dead)
-        assert again < 1.0 and len(web_hole.accepted) == 1 and len(mail_hole.accepted) == 1
+        _pass(dead)
+        assert len(web_hole.accepted) == 1 and len(mail_hole.accepted) == 1, "sinks in back-off are left alone"
         # One hanging sink alone (another URL: not in back-off yet) is tried once in a pass, not once a notice.
         took = _pass(one_dead)
         assert len(web_hole.accepted) == 2 and took < TIMEOUT + 3.0, took

@@ -90,7 +90,10 @@ class SmtpReceiver:
 
 
 class BlackHole:
-    """Accepts connections on `port` and never sends a byte (counts them)."""
+    """Accepts connections on `port` and never sends a byte (counts them). `held` has, for each
+    connection the client closed, how long it held it open: what a client's timeout cost it,
+    measured where the wait happens rather than by the caller's wall clock (which a busy machine
+    stretches with everything else the caller does)."""
 
     def __init__(self, port: int) -> None:
         self.sock = socket.socket()
@@ -99,6 +102,7 @@ class BlackHole:
         self.sock.listen(64)
         self.sock.settimeout(0.1)
         self.accepted: list[socket.socket] = []
+        self.held: list[float] = []
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._accept, daemon=True)
         self.thread.start()
@@ -110,6 +114,16 @@ class BlackHole:
             except (TimeoutError, OSError):
                 continue
             self.accepted.append(conn)
+            threading.Thread(target=self._until_closed, args=(conn, time.monotonic()), daemon=True).start()
+
+    def _until_closed(self, conn: socket.socket, since: float) -> None:
+        conn.settimeout(None)  # blocking: a read ends when the client closes
+        try:
+            while conn.recv(4096):  # b"": the client closed its end
+                pass
+        except OSError:  # closed here by stop(), or reset by the client
+            return
+        self.held.append(time.monotonic() - since)
 
     def stop(self) -> None:
         self._stop.set()
