@@ -297,6 +297,7 @@ def test_a_real_cpu_run_books_its_evaluation_and_the_report_reads_it(ledger, set
     from ggpo_batch.contracts.allocation import attempt_folder, details_path
     from ggpo_batch.control.enqueue import enqueue_spec
     from ggpo_batch.spec.parse import load_spec
+    from tests.support.workers import attempt_logs
 
     if not db_url.startswith("sqlite"):
         pytest.skip("the path is backend-neutral; the outcome column is tested on both backends above")
@@ -310,7 +311,8 @@ def test_a_real_cpu_run_books_its_evaluation_and_the_report_reads_it(ledger, set
     rep = experiment_report(ledger, "evalpath")
     for arm in ("clean", "paired"):
         run = ledger.get_run(f"evalpath-v1-1-{arm}")
-        assert run.state == "succeeded", (run.cause, done.stderr.decode()[-4000:])
+        assert run.state == "succeeded", (run.cause, done.stderr.decode()[-4000:],
+                                          attempt_logs(attempt_folder(settings.jobs_dir, run.run_key, 1)))
         details = json.loads(details_path(attempt_folder(settings.jobs_dir, run.run_key, 1)).read_text())
         ev = details["evaluation"]
         assert ev["decoding"] == "greedy" and ev["items"] == 8 and len(ev["per_item"]) == 8

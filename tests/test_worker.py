@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ggpo_batch.contracts.allocation import attempt_folder
 from ggpo_batch.contracts.run_record import check_run_record
 from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.control.queue import RunQueue
@@ -19,6 +20,7 @@ from ggpo_batch.spec.parse import load_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import (
     WorkerProcess,
+    attempt_logs,
     descendants,
     run_burst_worker,
     worker_environment,
@@ -60,7 +62,8 @@ def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, 
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     runs = ledger.runs()
     assert [r.state for r in runs] == ["succeeded"] * len(seeds.split(",")), \
-        ([(r.key, r.state, r.cause) for r in runs], done.stderr.decode()[-4000:])
+        ([(r.run_key, r.state, r.cause) for r in runs], done.stderr.decode()[-4000:],
+         [attempt_logs(attempt_folder(settings.jobs_dir, r.run_key, 1)) for r in runs if r.state != "succeeded"])
     run = ledger.get_run("wk-v1-1-clean")
     assert run.state == "succeeded", run.cause
     [att] = run.attempts

@@ -12,6 +12,17 @@ from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 
 
+def attempt_logs(folder: Path, lines: int = 30) -> str:
+    """The last `lines` of each log and error file in an attempt's folder (the ranks' submitit logs,
+    a debug job's error.txt): what an assertion on a run's end prints, so a failure says why."""
+    out = []
+    for path in sorted(Path(folder).glob("*")):
+        if path.is_file() and (path.name.endswith((".err", ".out")) or path.name == "error.txt"):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"--- {path.name}\n" + "\n".join(tail))
+    return "\n".join(out) or f"(no log in {folder})"
+
+
 def worker_environment(settings, **extra: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
     """The environment of a worker subprocess: this test's ledger, Redis db, data dir and queue."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
