@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -73,6 +74,27 @@ def test_debug_spec_runs_through_queue_and_worker_to_a_finished_attempt(ledger, 
     assert att.gpu_hours_job == pytest.approx(4 * run.result["timing"]["elapsed_seconds"] / 3600)
     [art] = ledger.artifacts(run_id=run.id)
     assert art.kind == "run_record" and Path(art.path).exists() and len(art.sha256) == 64
+
+
+def test_a_worker_started_with_a_rendezvous_in_its_environment_gives_its_jobs_their_own(  # type: ignore[no-untyped-def]
+        ledger, settings, worker_env, tmp_path: Path, db_url: str) -> None:
+    """A worker started from a process that holds a training rendezvous (RANK, MASTER_PORT on a port
+    still listened on, as a test process or a shell after a run has it) passed it to every debug job,
+    whose lone rank then failed to listen there (EADDRINUSE: full runs of the suite failed this way)."""
+    if not db_url.startswith("sqlite"):
+        pytest.skip("the rendezvous does not touch the ledger")
+    enqueue_spec(ledger, settings, _spec(tmp_path, "debug", 1), actor="tester")
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen(1)  # the port someone still listens on
+        env = {k: v for k, v in os.environ.items() if k != "GGPO_LONE_RANK_PORT"}
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(held.getsockname()[1]))
+        done = run_burst_worker(["--queue", "testq", "--reconcile-interval", "5"], env, timeout=240, verbose=True)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    run = ledger.get_run("wk-v1-1-clean")
+    assert run.state == "succeeded", (run.cause, attempt_logs(attempt_folder(settings.jobs_dir, run.run_key, 1)))
+    assert "ignoring the rendezvous in its environment" in done.stderr.decode()
 
 
 def test_worker_sigkilled_mid_job_marks_the_run_lost_not_retried_not_duplicated(  # type: ignore[no-untyped-def]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import socket
 import threading
@@ -294,6 +295,20 @@ def run_worker(settings: Settings, queues: Sequence[str], *, burst: bool, name: 
                      settle_timeout=settle_timeout)
 
 
+def forget_rendezvous() -> None:
+    """A worker starts jobs; it is no rank of one. A rendezvous in its environment (RANK and
+    MASTER_PORT left by a training run in the shell or process that started it) would reach every
+    job it forks: a debug job's lone rank then listened on that port, still held by whoever had it
+    (EADDRINUSE: every debug run of a worker started from a test process failed that way). Each job
+    gets its rendezvous from its executor (the local executor's setup, the Slurm script, a lone
+    rank's own free port)."""
+    from ..train.run.job import RENDEZVOUS_ENV
+
+    if inherited := {k: os.environ.pop(k) for k in RENDEZVOUS_ENV if k in os.environ}:
+        log.info("worker: ignoring the rendezvous in its environment (%s)",
+                 ", ".join(f"{k}={v}" for k, v in sorted(inherited.items())))
+
+
 def _work(settings: Settings, ledger: Ledger, queues: Sequence[str], *, burst: bool, name: str | None,
           reconcile_interval: int, settle_timeout: float) -> bool:
     from ..executor.forked import serve_a_worker
@@ -303,6 +318,7 @@ def _work(settings: Settings, ledger: Ledger, queues: Sequence[str], *, burst: b
     global _process
     # `kill -QUIT` prints where the worker is, every thread (a debug payload's process inherits it).
     faulthandler.register(signal.SIGQUIT, all_threads=True)
+    forget_rendezvous()
     settings = as_identified(settings, ledger)  # its transitions are its role's (a service: anyone's)
     serve_a_worker()  # what executors start on this host, they start from a process forked for it
     if ledger.queued_executors(queues, default_queue=settings.queue) & IN_PROCESS_EXECUTORS:

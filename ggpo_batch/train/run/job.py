@@ -75,6 +75,9 @@ class TimeLimitReached(GgpoError):
 
 
 LONE_PORT_ENV = "GGPO_LONE_RANK_PORT"  # the MASTER_PORT a lone rank exported for itself (not a launcher's)
+# A launcher's rendezvous (torchrun, submitit's export, a lone rank's own): what a process that only
+# starts jobs (a worker) must not pass on to them (control/worker.py).
+RENDEZVOUS_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", LONE_PORT_ENV)
 
 
 def _distributed_env() -> tuple[int, int, int, bool]:
