@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,6 +120,27 @@ def pytest_configure(config: pytest.Config) -> None:
     # again. One cache for the whole run, where inductor keeps it when TMPDIR is not set.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+
+
+@pytest.fixture(autouse=True)
+def _rendezvous_kept(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that leaves a training rendezvous in this process's environment (an in-process lone
+    rank's RANK and MASTER_PORT) hands it to every later test's subprocesses, on a port that may
+    still be listened on (EADDRINUSE in a worker's debug runs): restored after each test, and named
+    in a warning so the test can be fixed. A module fixture's own (`one_rank`) is set before this
+    snapshot, so it stays for its module."""
+    from ggpo_batch.train.run.job import RENDEZVOUS_ENV
+
+    before = {k: os.environ.get(k) for k in RENDEZVOUS_ENV}
+    yield
+    left = {k: os.environ.get(k) for k in RENDEZVOUS_ENV if os.environ.get(k) != before[k]}
+    if left:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        warnings.warn(f"{request.node.nodeid} left {left} in the environment (restored)", stacklevel=1)
 
 
 @pytest.hookimpl(wrapper=True)

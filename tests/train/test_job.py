@@ -68,8 +68,9 @@ def test_a_lone_rank_takes_a_fresh_port_for_each_job_and_keeps_a_launchers(monke
     launcher's own RANK/MASTER_PORT are kept."""
     from ggpo_batch.train.run import job
 
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", job.LONE_PORT_ENV):
-        monkeypatch.delenv(key, raising=False)
+    for key in job.RENDEZVOUS_ENV:  # set, then removed: monkeypatch puts back what was there, absent included
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     for key in [k for k in os.environ if k.startswith("SLURM_")]:
         monkeypatch.delenv(key)
     assert job._distributed_env() == (0, 1, 0, False)
@@ -93,6 +94,9 @@ def test_a_submitit_task_ignores_a_port_a_lone_rank_left_in_the_submitting_proce
     from ggpo_batch.train.run import job
 
     for key in [k for k in os.environ if k.startswith(("SLURM_", "SUBMITIT_"))]:
+        monkeypatch.delenv(key)
+    for key in job.RENDEZVOUS_ENV:  # what submitit's export sets, put back as it was at the end
+        monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     task = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_JOB_ID": "4242", "SUBMITIT_LOCAL_NTASKS": "2",
             "SUBMITIT_LOCAL_JOB_NUM_NODES": "1", "SUBMITIT_LOCAL_NODEID": "0", "SUBMITIT_LOCAL_GLOBALID": "1",
