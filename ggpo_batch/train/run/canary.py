@@ -56,6 +56,7 @@ from ..rollout.backends import make_backend
 from ..rollout.engine_size import engine_size
 from ..task.codec import make_codec
 from ..task.qa import load
+from .job import RENDEZVOUS_ENV, init_process_group, release_process_group
 from .weight_sync import probe_sequence
 
 log = logging.getLogger(__name__)
@@ -279,9 +280,6 @@ def run_checks(spec: CanarySpec, *, device: torch.device | None = None, fault: s
             "elapsed_seconds": round(time.monotonic() - t0, 3)}
 
 
-_DIST_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK")
-
-
 def _ensure_process_group(gpu: bool) -> bool:
     """World 1 (a canary is one process): the process group DeepSpeed's engines need; True when made
     here (the job destroys it after: a debug job runs in its caller's process)."""
@@ -295,7 +293,7 @@ def _ensure_process_group(gpu: bool) -> bool:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     for k, v in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
         os.environ[k] = v
-    import_deepspeed(gpu).init_distributed(dist_backend="nccl" if gpu else "gloo", auto_mpi_discovery=False)
+    init_process_group(gpu)
     return True
 
 
@@ -310,14 +308,12 @@ class CanaryJob:
         spec = CanarySpec.from_json(self.spec_json)
         fault = planted()
         gpu = torch.cuda.is_available()
-        saved = {k: os.environ.get(k) for k in _DIST_ENV}
+        saved = {k: os.environ.get(k) for k in RENDEZVOUS_ENV}
         made = _ensure_process_group(gpu)
         try:
             record = run_checks(spec, fault=fault)
         finally:
             if made:
-                from .job import release_process_group
-
                 release_process_group()
                 for k, v in saved.items():  # as it was: a debug job runs in its caller's process
                     if v is None:
