@@ -120,6 +120,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # again. One cache for the whole run, where inductor keeps it when TMPDIR is not set.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
                           os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+    # The same for vLLM: a job's VLLM_CACHE_ROOT defaults to its jobs folder (contracts/allocation.py),
+    # which is each test's own, so every vLLM engine of a Hugging Face checkpoint ran vLLM's model
+    # inspection again in a subprocess of its own (`python -m vllm.model_executor.models.registry`,
+    # about 14 CPU-s each, 73 CPU-s a full run). Its results are keyed by the model code's hash, so
+    # one cache for the run serves every test. A job keeps a VLLM_CACHE_ROOT it is given.
+    os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), f"vllm_cache_{getpass.getuser()}"))
 
 
 @pytest.fixture(autouse=True)

@@ -50,6 +50,7 @@ profile = "{profile}"
 max_gpu_hours = 1.0
 retries = {retries}
 continue_on_timeout = {cont}
+max_continuations = {max_cont}
 [overheads]
 setup_export_seconds = 30
 audit_seconds = 5
@@ -65,10 +66,10 @@ templates = ["train_direct", "train_role"]
 
 
 def _enqueue(ledger, settings, tmp_path: Path, name: str, *, budget: float, profile: str, retries: int = 0,  # type: ignore[no-untyped-def]
-             cont: bool = False, train: str = "") -> str:
+             cont: bool = False, max_cont: int = 3, train: str = "") -> str:
     p = tmp_path / f"{name}.toml"
     p.write_text(SPEC.format(name=name, budget=budget, profile=profile, retries=retries,
-                             cont="true" if cont else "false", train=train))
+                             cont="true" if cont else "false", max_cont=max_cont, train=train))
     [run] = enqueue_spec(ledger, settings, load_spec(p), actor="tester").runs
     return run.run_key
 
@@ -130,9 +131,15 @@ def test_a_two_rank_run_requeued_by_scontrol_resumes_exactly(dev_cluster, ledger
 # The loop budget of the time-limit test: at least the save deadline (start + 120 s - 30 s), so no
 # allocation can hold it all, whatever its start-up took.
 LOOP_BUDGET_S = 90
+# Continuations the time-limit test allows. On an idle machine the budget takes two allocations (about
+# 70 s of loop, then the rest); in a full run on 2 cores, where every Slurm job step competes with the
+# other tests' (each step its own scheduling group), start-up took about 50 of each allocation's 90 s
+# and four allocations gave 84 s of loop: the default of 3 continuations failed the run by chance.
+MAX_CONTINUATIONS = 6
 
 
 @pytest.mark.slow_reason("waits for a real Slurm time limit: the one continuation test that does, against a 2-rank twin")
+@pytest.mark.timeout(1500)  # up to MAX_CONTINUATIONS + 1 allocations of 2 minutes, then the twin
 def test_a_two_rank_run_continues_past_its_time_limit_and_equals_its_twin(  # type: ignore[no-untyped-def]
         dev_cluster, ledger, settings, worker_env, tmp_path, tag):
     """Profile dev-cluster-2gpu-2min: a 120 s limit, 30 s signal delay, so the save deadline is 90 s
@@ -140,10 +147,11 @@ def test_a_two_rank_run_continues_past_its_time_limit_and_equals_its_twin(  # ty
     allocations (~70 s, then ~40 s), the worker's resubmission, and the twin after them."""
     from ggpo_batch.control.worker import run_worker
 
-    key = _enqueue(ledger, settings, tmp_path, f"tl-{tag}", budget=LOOP_BUDGET_S, profile="dev-cluster-2gpu-2min", cont=True)
+    key = _enqueue(ledger, settings, tmp_path, f"tl-{tag}", budget=LOOP_BUDGET_S, profile="dev-cluster-2gpu-2min", cont=True,
+                   max_cont=MAX_CONTINUATIONS)
     t0 = time.monotonic()
     try:
-        run_worker(settings, [settings.queue], burst=True, reconcile_interval=5, settle_timeout=480)
+        run_worker(settings, [settings.queue], burst=True, reconcile_interval=5, settle_timeout=1200)
     finally:
         cancel_tagged(tag)
     slurm_seconds = time.monotonic() - t0
@@ -171,7 +179,7 @@ def test_a_two_rank_run_continues_past_its_time_limit_and_equals_its_twin(  # ty
     for a in atts:
         assert [a.gpu_hours_scheduler] == pytest.approx(sacct_gpu_hours(a.job_id))
         assert a.gpu_hours_job <= a.gpu_hours_scheduler + gpu_hours(2, 1.0)  # sacct's ElapsedRaw: whole seconds
-    assert state_label(run_row(run)) == f"succeeded, continued after time limit ({len(atts) - 1} of 3)"
+    assert state_label(run_row(run)) == f"succeeded, continued after time limit ({len(atts) - 1} of {MAX_CONTINUATIONS})"
     # the twin: the same run uninterrupted, for as many steps as the loop budget gave it
     steps = rec["training"]["counts"]["steps"]
     spec = RunSpec.from_dict(run.run_spec)
