@@ -72,7 +72,10 @@ def test_a_preempted_two_rank_run_resumes_exactly_and_refuses_another_world_size
     assert_same_run(twin, td, resumed, rd, steps=6)
     # The record bills both allocations; each one's share is in the details (the ledger books them apart).
     first, second = rd["allocations"]
-    assert (first["from_step"], second["to_step"]) == (0, 6) and first["to_step"] == second["from_step"] >= 3
+    # The signal is sent once rank 0 has logged step 2; the ranks stop at the first step end whose
+    # stop flag (summed over them) carries it: step 2's own when rank 1 reached that sum after the
+    # signal (a loaded machine; seen in a full run), a later one otherwise.
+    assert (first["from_step"], second["to_step"]) == (0, 6) and first["to_step"] == second["from_step"] >= 2
     assert resumed["timing"]["elapsed_seconds"] == pytest.approx(first["elapsed_seconds"] + second["elapsed_seconds"])
     assert rd["allocation_elapsed_seconds"] == second["elapsed_seconds"]
     assert resumed["budget"]["loop_seconds"] == pytest.approx(first["loop_seconds"] + second["loop_seconds"])
