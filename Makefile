@@ -6,7 +6,8 @@
 #   make test-repeat N=5 K=EXPR [BUSY=3] [WORKERS=2]   run the tests matching K N times (flake hunting),
 #                    beside BUSY CPU-bound processes; each failure with its seed and log (tools/test_repeat.sh)
 # `make test` keeps the time budget (tests/support/budget.py): it prints the ten slowest tests with
-# their slow_reason and fails when the suite's CPU time is over cpu_budget_seconds (setup.cfg).
+# their slow_reason and fails when the suite's CPU time is over cpu_budget_seconds, or the machine's
+# (every process, Slurm jobs included) over machine_cpu_budget_seconds (setup.cfg).
 # The suite runs on PYTEST_WORKERS pytest-xdist workers (more than the 2 cores: many tests wait on
 # Slurm, timeouts or child processes); setup.cfg sets --dist loadgroup, so tests sharing a costly
 # module fixture stay on one worker, and tests on the dev Slurm take turns on it (tests/conftest.py).

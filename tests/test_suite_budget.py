@@ -4,6 +4,7 @@ their own, with limits small enough to cross in a second."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,9 +34,30 @@ def test_slow_with_reason():
 '''
 
 
-def _run(tmp_path: Path, *, cpu_budget_s: float, args: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "test_planted.py").write_text(PLANTED)
-    (tmp_path / "pytest.ini").write_text(f"[pytest]\nslow_test_seconds = 0.4\ncpu_budget_seconds = {cpu_budget_s}\n")
+# A test that starts work it does not wait for, as a Slurm job's ranks are (slurmd's children): a
+# process left to init by a shell that exits at once, burning 1.5 CPU-s, then writing a file the
+# test polls for. Its CPU is in no test's figure, only in the machine's.
+DETACHED = '''
+import subprocess, sys, time
+from pathlib import Path
+
+BURN = "import time, sys; end = time.process_time() + 1.5\\nwhile time.process_time() < end: pass\\nopen(sys.argv[1], 'w').close()"
+
+def test_detached_work(tmp_path):
+    done = tmp_path / "done"
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "$0" "$1" &', BURN, str(done)], check=True)
+    deadline = time.monotonic() + 60
+    while not done.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+'''
+
+
+def _run(tmp_path: Path, *, cpu_budget_s: float, args: tuple[str, ...] = (), machine_budget_s: float = 0,
+         planted: str = PLANTED) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_planted.py").write_text(planted)
+    (tmp_path / "pytest.ini").write_text(f"[pytest]\nslow_test_seconds = 0.4\ncpu_budget_seconds = {cpu_budget_s}\n"
+                                         f"machine_cpu_budget_seconds = {machine_budget_s}\n")
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "tests.support.budget", "-p", "no:cacheprovider",
                            "--strict-markers", "--cpu-budget", "-q", *args, str(tmp_path)],
@@ -70,3 +92,22 @@ def test_budget_holds_under_xdist(tmp_path: Path) -> None:
     proc = _run(tmp_path, cpu_budget_s=0.5, args=("-k", "not unmarked", "-n", "2"))
     out = proc.stdout + proc.stderr
     assert "2 passed" in out and proc.returncode == 1 and "OVER cpu_budget_seconds" in out, out
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine's CPU time is read from /proc/stat")
+def test_work_no_test_waits_for_counts_in_the_machines_budget(tmp_path: Path) -> None:
+    """The tests' figure misses a detached process's 1.5 CPU-s; the machine's does not, and fails
+    the run over its limit."""
+    proc = _run(tmp_path, cpu_budget_s=1.0, machine_budget_s=1.0, planted=DETACHED)
+    out = proc.stdout + proc.stderr
+    assert "1 passed" in out and proc.returncode == 1, out
+    assert "within cpu_budget_seconds = 1" in out, out  # the test's own process and children: under 1 s
+    figure = re.search(r"daemons\): (\d+) s, OVER machine_cpu_budget_seconds = 1 ", out)
+    assert figure and int(figure.group(1)) >= 1, out
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine's CPU time is read from /proc/stat")
+def test_the_machines_budget_passes_within_it(tmp_path: Path) -> None:
+    proc = _run(tmp_path, cpu_budget_s=1.0, machine_budget_s=10_000, planted=DETACHED)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "within machine_cpu_budget_seconds = 10000" in out, out
