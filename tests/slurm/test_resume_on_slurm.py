@@ -21,7 +21,7 @@ import pytest
 
 from ggpo_batch.contracts.accounting import gpu_hours
 from ggpo_batch.contracts.allocation import attempt_folder, details_path, time_limit_path
-from ggpo_batch.contracts.runspec import RunSpec
+from ggpo_batch.contracts.runspec import DEFAULT_MAX_CONTINUATIONS, RunSpec
 from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.executor.profile import load_profile
@@ -66,7 +66,7 @@ templates = ["train_direct", "train_role"]
 
 
 def _enqueue(ledger, settings, tmp_path: Path, name: str, *, budget: float, profile: str, retries: int = 0,  # type: ignore[no-untyped-def]
-             cont: bool = False, max_cont: int = 3, train: str = "") -> str:
+             cont: bool = False, max_cont: int = DEFAULT_MAX_CONTINUATIONS, train: str = "") -> str:
     p = tmp_path / f"{name}.toml"
     p.write_text(SPEC.format(name=name, budget=budget, profile=profile, retries=retries,
                              cont="true" if cont else "false", max_cont=max_cont, train=train))

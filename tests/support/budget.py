@@ -59,7 +59,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini(MACHINE_BUDGET_INI, "the machine's CPU-time limit in seconds over the whole run, every process "
                   "counted (checked with --cpu-budget)", default="0")
     parser.addoption("--cpu-budget", action="store_true",
-                     help="print the ten slowest tests and fail when the total CPU time is over cpu_budget_seconds")
+                     help="print the ten slowest tests and fail when the total CPU time is over cpu_budget_seconds, "
+                          "or the machine's over machine_cpu_budget_seconds")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -76,21 +77,17 @@ class Budget:
         self.machine_budget_s = float(config.getini(MACHINE_BUDGET_INI))
         self.tests: dict[str, tuple[float, float, str]] = {}  # nodeid -> (cpu s, wall s, slow reason)
         self.machine_start_s: float | None = None
-        self._machine_s: float | None = None
-        self._machine_read = False
+        # the machine's CPU seconds over the session: read once, in pytest_sessionfinish, which the
+        # terminal summary follows, so the exit status and the printed verdict agree
+        self.machine_s: float | None = None
+
+    def checks(self) -> bool:
+        """Whether this process keeps the budget: the controller (or a run without xdist) under --cpu-budget."""
+        return bool(self.config.getoption("cpu_budget")) and not hasattr(self.config, "workerinput")
 
     def pytest_sessionstart(self, session: pytest.Session) -> None:
-        if not hasattr(self.config, "workerinput"):  # the controller (or a run without xdist)
+        if self.checks():
             self.machine_start_s = machine_cpu_seconds()
-
-    def machine_cpu_s(self) -> float | None:
-        """The machine's CPU seconds since the session started, read once at its end (the exit status,
-        set in pytest_sessionfinish, and the summary, printed after it, then agree)."""
-        if not self._machine_read:
-            now = machine_cpu_seconds()
-            self._machine_s = None if now is None or self.machine_start_s is None else now - self.machine_start_s
-            self._machine_read = True
-        return self._machine_s
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
@@ -142,7 +139,7 @@ class Budget:
         return self.machine_budget_s > 0 and machine_s is not None and machine_s > self.machine_budget_s
 
     def pytest_terminal_summary(self, terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # type: ignore[no-untyped-def]
-        if not config.getoption("cpu_budget") or hasattr(config, "workerinput"):
+        if not self.checks():
             return
         tr = terminalreporter
         tr.section("time budget (tests/support/budget.py)")
@@ -155,7 +152,7 @@ class Budget:
         verdict = "OVER" if self.over_budget() else "within"
         tr.write_line(f"total CPU time of {len(self.tests)} tests: {self.total_cpu_s:.0f} s, {verdict} "
                       f"{CPU_BUDGET_INI} = {self.cpu_budget_s:g} (setup.cfg)")
-        machine_s = self.machine_cpu_s()
+        machine_s = self.machine_s
         if machine_s is None:
             tr.write_line("the machine's CPU time: not measured (no /proc/stat)")
         else:
@@ -166,8 +163,11 @@ class Budget:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
-        if not self.config.getoption("cpu_budget") or hasattr(self.config, "workerinput"):
+        if not self.checks():
             return
-        if (self.over_budget() or self.machine_over_budget(self.machine_cpu_s())) and session.exitstatus == 0:
+        now = machine_cpu_seconds()
+        if now is not None and self.machine_start_s is not None:
+            self.machine_s = now - self.machine_start_s
+        if (self.over_budget() or self.machine_over_budget(self.machine_s)) and session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
