@@ -128,6 +128,13 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), f"vllm_cache_{getpass.getuser()}"))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the run's own process, once every xdist worker is done
+        from tests.support.rank_servers import end_idle_servers
+
+        end_idle_servers()
+
+
 @pytest.fixture(autouse=True)
 def _rendezvous_kept(request: pytest.FixtureRequest) -> Iterator[None]:
     """A test that leaves a training rendezvous in this process's environment (an in-process lone

@@ -23,7 +23,7 @@ from ..contracts.evaluation_spec import EvaluationSpec
 from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
-from . import forked
+from . import forked, rank_client
 from .base import Executor, JobInfo
 from .payload import make_payload
 
@@ -84,7 +84,8 @@ class LocalExecutor(Executor):
 
     def _start(self, spec: RunSpec | EvaluationSpec, folder: Path) -> tuple[str, object]:
         """Start submitit's controller for the run: (its job id, the submitit LocalJob)."""
-        ex = submitit.LocalExecutor(folder=folder)
+        # Each rank forked by the machine's rank server, its imports done once (rank_client.py).
+        ex = submitit.LocalExecutor(folder=folder, python=rank_client.command() if rank_client.enabled() else None)
         # The controller's shell exports the start time, so the job's clock starts with the "allocation".
         # A free rendezvous port chosen now: submitit's default draws one from the job id, which
         # collided (EADDRINUSE) with a port still held on this machine.

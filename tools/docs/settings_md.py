@@ -69,6 +69,10 @@ ENVIRONMENT_ONLY = {
     "GGPO_CONFIG": "read this one settings file instead of the site's and the user's",
     "GGPO_IMAGE_DIGEST": "the digest of the image the allocation runs (e.g. `sha256:...`), set in the workers' "
                          "environment; recorded in each attempt's provenance",
+    "GGPO_RANK_SERVER": "`off` starts each rank of a local job as its own interpreter, importing torch, DeepSpeed "
+                        "and the trainer itself (default: forked by the machine's rank server, which imported them "
+                        "once; ggpo_batch/executor/rank_client.py)",
+    "GGPO_RANK_SERVER_IDLE_SECONDS": "a rank server ends after this long without a live rank (default 600)",
     "GGPO_CANARY_FAULT": "tests only: a defect planted in a canary job's checks (`push_skips_layer`, "
                          "`reduction_differs`, `probe_over_ceiling`; ggpo_batch/train/run/canary.py), each making "
                          "its own check fail",

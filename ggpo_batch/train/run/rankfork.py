@@ -12,7 +12,7 @@ CUDA state crosses a fork. A rank's exit status is written by the server, which 
 status file beside its log.
 
 The server's imports fixed what the environment meant at import time: a request whose environment
-differs there (the variables of `IMPORT_TIME_PREFIXES`) gets a fresh server.
+differs there (common/import_env.py) gets a fresh server.
 """
 
 from __future__ import annotations
@@ -29,16 +29,11 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ...common.import_env import import_time_env
 from ...errors import GgpoError
 
 # A rank of a local run (train/launch.py).
 LAUNCH = "ggpo_batch.train.run.launch:main"
-# Environment read by torch, DeepSpeed, transformers or the Hugging Face hub when they are imported.
-IMPORT_TIME_PREFIXES = ("CUDA_", "DS_", "HF_", "HUGGINGFACE_", "MKL_", "OMP_", "PYTHON", "TORCH", "TRANSFORMERS_")
-
-
-def _import_time_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(IMPORT_TIME_PREFIXES)}
 
 
 class Rank:
@@ -82,7 +77,7 @@ class ForkServer:
     _replaced: ClassVar[list[ForkServer]] = []  # kept open: they reap the ranks they started, then end with us
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.key = _import_time_env(env)
+        self.key = import_time_env(env)
         self.proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.train.run.rankfork"], env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
@@ -97,7 +92,7 @@ class ForkServer:
                               "log": str(log_path), "status": str(status)})
         with cls._lock:
             server = cls._current
-            if server is None or server.proc.poll() is not None or server.key != _import_time_env(env):
+            if server is None or server.proc.poll() is not None or server.key != import_time_env(env):
                 if server is not None:
                     cls._replaced.append(server)
                 server = cls._current = ForkServer(env)

@@ -1,0 +1,172 @@
+"""The local executor's ranks, forked by a rank server (executor/rank_client.py, rank_server.py).
+
+Each test runs the real client script, as submitit's local controller does (`python -S
+rank_client.py -u -m MODULE ARGS`), against a real server in a folder of this module's own; the
+rank is tests/support/rank_probe.py, or a submitit job. The module's server is started once (its
+imports are the ~5 CPU-seconds it saves each rank) and the last test sees it end when idle.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ggpo_batch.executor import rank_client
+from tests.support.paths import REPO
+from tests.support.waiting import wait_until
+
+CLIENT = Path(rank_client.__file__).resolve()
+IDLE_SECONDS = 12
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The environment of this module's clients: their servers in a folder of their own."""
+    runtime = tmp_path_factory.mktemp("runtime")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GGPO_")}
+    env.update(XDG_RUNTIME_DIR=str(runtime), GGPO_RANK_SERVER_IDLE_SECONDS=str(IDLE_SECONDS),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    yield env
+    for pid in _server_pids(runtime):  # a test that failed before the server went idle
+        _kill(pid)
+
+
+def _server_pids(runtime: Path) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"ggpo_batch.executor.rank_server" in cmd and any(str(runtime).encode() in part for part in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _client(args: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
+    return subprocess.run([sys.executable, "-S", str(CLIENT), *args], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=300, **kw)
+
+
+def _probe(what: list[str]) -> list[str]:
+    return ["-u", "-m", "tests.support.rank_probe", *what]
+
+
+def test_a_rank_is_forked_by_the_server_in_the_clients_streams_arguments_environment_and_folder(servers):
+    first = _client(_probe(["report"]), {**servers, "GGPO_PROBE": "one"})
+    assert first.returncode == 0, first.stderr
+    second = _client(_probe(["report"]), {**servers, "GGPO_PROBE": "two"})
+    assert second.returncode == 0, second.stderr
+    a, b = json.loads(first.stdout), json.loads(second.stdout)
+    assert a["ppid"] == b["ppid"] and a["pid"] != b["pid"]  # both forked by one server
+    server = Path(f"/proc/{a['ppid']}/cmdline").read_bytes()
+    assert b"ggpo_batch.executor.rank_server" in server
+    assert (a["probe"], b["probe"]) == ("one", "two")  # each rank in its own client's environment
+    assert a["cwd"] == str(REPO) and a["argv"] == ["report"]
+    assert first.stderr.strip() == "on stderr"
+
+
+def test_the_client_exits_as_its_rank_did(servers):
+    assert _client(_probe(["exit", "3"]), servers).returncode == 3
+    assert _client(_probe(["die", str(int(signal.SIGTERM))]), servers).returncode == -signal.SIGTERM
+    assert _client(_probe(["die", str(int(signal.SIGKILL))]), servers).returncode == -signal.SIGKILL
+
+
+def _started(args: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], int]:
+    proc = subprocess.Popen([sys.executable, "-S", str(CLIENT), *args], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready "), line
+    return proc, int(line.split()[1])
+
+
+def test_signals_reach_the_rank_and_a_killed_client_takes_its_rank_with_it(servers, tmp_path: Path):
+    # the controller's time-limit signal (USR2) reaches the rank, which answers as it would alone
+    said = tmp_path / "said"
+    proc, rank = _started(_probe(["wait", str(said)]), servers)
+    assert rank != proc.pid
+    proc.send_signal(signal.SIGUSR2)
+    assert proc.wait(timeout=60) == 7
+    assert said.read_text() == "usr2"
+    # the controller's SIGKILL, which no process can relay: the server sees its client gone
+    proc, rank = _started(_probe(["sleep"]), servers)
+    assert _alive(rank)
+    proc.kill()
+    proc.wait(timeout=30)
+    wait_until(lambda: not _alive(rank), 30, "the rank killed with its client")
+
+
+def test_without_a_server_the_rank_runs_as_submitit_would_have_run_it(servers):
+    # switched off: the client becomes the rank (exec), so the rank's parent is this test
+    off = _client(_probe(["report"]), {**servers, "GGPO_RANK_SERVER": "off"})
+    assert off.returncode == 0, off.stderr
+    assert json.loads(off.stdout)["ppid"] == os.getpid()
+    # a command the server does not run (not `python -m MODULE`): refused, and run on its own, saying so
+    alone = _client(["-c", "import os; print(os.getppid())"], servers)
+    assert alone.returncode == 0, alone.stderr
+    assert int(alone.stdout) == os.getpid()
+    assert "not a `python -m MODULE` command" in alone.stderr and "starts on its own" in alone.stderr
+
+
+def test_a_server_serves_only_its_import_time_environment_and_its_code(tmp_path: Path):
+    base = {"PATH": "/usr/bin", "OMP_NUM_THREADS": "1"}
+    assert rank_client.server_key(base) == rank_client.server_key({**base, "GGPO_PROBE": "x"})
+    assert rank_client.server_key(base) != rank_client.server_key({**base, "OMP_NUM_THREADS": "2"})
+    assert rank_client.server_key(base) != rank_client.server_key({**base, "PYTHONPATH": "/elsewhere"})
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    source = package / "sub" / "mod.py"
+    source.write_text("x = 1\n")
+    before = rank_client.code_stamp(package)
+    later = source.stat().st_mtime + 5
+    os.utime(source, (later, later))  # an edited source: a server that imported the old one must not serve
+    assert rank_client.code_stamp(package) != before
+
+
+def _parent_command() -> str:
+    return Path(f"/proc/{os.getppid()}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+
+
+def test_a_local_submitit_job_runs_in_ranks_forked_by_the_server(servers, tmp_path: Path, monkeypatch):
+    import submitit
+
+    for key, value in servers.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(REPO)
+    ex = submitit.LocalExecutor(folder=tmp_path / "job", python=rank_client.command())
+    ex.update_parameters(tasks_per_node=2, timeout_min=5)
+    job = ex.submit(_parent_command)
+    results = job.results()
+    assert len(results) == 2 and all("ggpo_batch.executor.rank_server" in r for r in results), results
+
+
+def test_an_idle_server_ends_and_removes_its_socket(servers):
+    runtime = Path(servers["XDG_RUNTIME_DIR"])
+    assert _server_pids(runtime), "the module's server is gone before it was idle"
+    wait_until(lambda: not _server_pids(runtime) and not list(runtime.glob("*/*.sock")), IDLE_SECONDS + 60,
+               "the idle server ended")
+    log = next(runtime.glob("*/*.log")).read_text()
+    assert "idle" in log and "ended" in log, log
