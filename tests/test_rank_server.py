@@ -163,6 +163,42 @@ def test_a_local_submitit_job_runs_in_ranks_forked_by_the_server(servers, tmp_pa
     assert len(results) == 2 and all("ggpo_batch.executor.rank_server" in r for r in results), results
 
 
+def test_clients_at_once_share_one_new_server_and_a_killed_server_takes_its_ranks(servers, tmp_path: Path):
+    """Four ranks asking at once where no server runs: one starts it (under a lock), all four are
+    its children. Then the server is SIGKILLed with the four running: they end with it (parent-death
+    signal) and each client exits 1, saying so, instead of waiting for ever."""
+    runtime = tmp_path / "runtime"
+    runtime.mkdir()
+    env = {**servers, "XDG_RUNTIME_DIR": str(runtime)}
+    procs = [subprocess.Popen([sys.executable, "-S", str(CLIENT), *_probe(["sleep"])], env=env, cwd=REPO,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(4)]
+    try:
+        ranks = []
+        for proc in procs:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            assert line.startswith("ready "), (line, proc.stderr.read() if proc.poll() is not None else "")
+            ranks.append(int(line.split()[1]))
+        [server] = _server_pids(runtime)
+        assert all(_parent(rank) == server for rank in ranks)
+        os.kill(server, signal.SIGKILL)
+        for proc in procs:
+            assert proc.wait(timeout=60) == 1
+            assert "the rank server ended while the rank ran" in (proc.stderr.read() if proc.stderr else "")
+        wait_until(lambda: not any(_alive(rank) for rank in ranks), 30, "the ranks ended with their server")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+        for pid in _server_pids(runtime):
+            _kill(pid)
+
+
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(") ", 1)[1].split()[1])
+
+
 def test_an_idle_server_ends_and_removes_its_socket(servers):
     runtime = Path(servers["XDG_RUNTIME_DIR"])
     assert _server_pids(runtime), "the module's server is gone before it was idle"

@@ -214,11 +214,11 @@ def _read_line(sock: socket.socket, buffer: bytearray) -> str | None:
     return line.decode()
 
 
-def run_forked(argv: list[str]) -> int:
-    """Have the server fork the rank `python <argv>` and stand in for it; the rank's exit code
-    (negative: killed by that signal). Raises OSError where no server could fork it."""
+def run_forked(argv: list[str], relay: Relay) -> int:
+    """Have the server fork the rank `python <argv>` and stand in for it, relaying signals through
+    `relay`; the rank's exit code (negative: killed by that signal). Raises OSError where no server
+    could fork it."""
     env = dict(os.environ)
-    relay = Relay()
     sock = connect_or_start(env)
     with sock:
         request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode()
@@ -248,11 +248,16 @@ def _exit_as(code: int) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     if enabled():
+        relay = Relay()
         try:
-            _exit_as(run_forked(argv))
+            _exit_as(run_forked(argv, relay))
         except OSError as exc:
             for signum in RELAYED:
                 signal.signal(signum, signal.SIG_DFL)
+            # told to stop while asking (the controller ending the job): stop, as the rank would have
+            stop = [s for s in relay.pending if s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)]
+            if stop:
+                _exit_as(-stop[0])
             print(f"rank_client: {exc}; the rank starts on its own", file=sys.stderr, flush=True)
     os.execv(sys.executable, [sys.executable, *argv])
 
