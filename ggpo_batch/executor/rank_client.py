@@ -31,6 +31,7 @@ import struct
 import sys
 import sysconfig
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -99,10 +100,31 @@ def server_key(env: dict[str, str]) -> str:
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:20]
 
 
+# The longest path a Unix socket's address holds (sun_path is 108 bytes on Linux, with its NUL).
+SUN_PATH_MAX = 107
+
+
+@contextlib.contextmanager
+def socket_address(path: Path) -> Iterator[str]:
+    """The address to bind or connect `path` by: the path itself, or, where it is too long for a
+    socket's address (a deep XDG_RUNTIME_DIR), its name, from inside its folder for the call."""
+    if len(os.fsencode(str(path))) <= SUN_PATH_MAX:
+        yield str(path)
+        return
+    before = os.open(".", os.O_RDONLY)
+    try:
+        os.chdir(path.parent)
+        yield path.name
+    finally:
+        os.fchdir(before)
+        os.close(before)
+
+
 def _connect(path: Path) -> socket.socket | None:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(str(path))
+        with socket_address(path) as address:
+            sock.connect(address)
     except OSError:
         sock.close()
         return None

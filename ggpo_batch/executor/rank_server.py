@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .rank_client import DEFAULT_IDLE_SECONDS, HEADER, IDLE_SETTING
+from .rank_client import DEFAULT_IDLE_SECONDS, HEADER, IDLE_SETTING, socket_address
 
 MAX_REQUEST_BYTES = 16 << 20
 # The server's `python -m` put its own working directory first on sys.path; a rank's is its client's.
@@ -164,7 +164,8 @@ def serve(path: Path, idle_seconds: float) -> None:
     gc.collect()
     gc.freeze()  # the ranks' collections leave the preloaded objects' pages shared
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(path))
+    with socket_address(path) as address:
+        listener.bind(address)
     mine = os.stat(path).st_ino
     listener.listen(64)  # a client that connects from now on is served
     _log(f"ready on {path} after {time.monotonic() - started:.1f} s of imports")

@@ -39,9 +39,11 @@ def end_idle_servers() -> list[int]:
         return []
     processes = _processes()
     parents = {ppid for _pid, ppid, _cmd in processes}
+    matching = {pid for pid, _ppid, cmd in processes if rank_client.SERVER_MODULE.encode() in cmd and folder in cmd}
     ended = []
-    for pid, _ppid, cmd in processes:
-        if rank_client.SERVER_MODULE.encode() in cmd and folder in cmd and pid not in parents:
+    for pid, ppid, _cmd in processes:
+        # a forked rank has its server's command line, and its server for a parent
+        if pid in matching and ppid not in matching and pid not in parents:
             try:
                 os.kill(pid, signal.SIGTERM)
                 ended.append(pid)
