@@ -144,7 +144,8 @@ def test_cancelled_from_outside_is_not_retried_even_with_retries(ledger, setting
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=1)
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=1)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
-    time.sleep(3)
+    wait_ranks_ready(tmp_path / "job", job_id, 1)  # cancelled while it runs, not while it starts
+    time.sleep(3)  # hold the allocation long enough to cost something
     run_command(["scancel", job_id])  # an operator, not ggpo-batch: the ledger learns it from sacct
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
@@ -159,7 +160,10 @@ def test_node_failure_without_retries_is_not_requeued_by_slurm(ledger, settings,
     [key] = _runs(ledger, settings, tmp_path, tag, seeds=[1], retries=0)
     job_id = _submit(ledger, slurm, key, lambda: time.sleep(60), tmp_path / "job", requeues=0)
     wait_until(lambda: squeue_state(job_id) == "RUNNING", 30, "running")
-    time.sleep(3)
+    # its step running: RUNNING is the allocation, and under a full suite the batch script had not yet
+    # launched step 0 when the node went down (no step for slurmd to be done with)
+    wait_ranks_ready(tmp_path / "job", job_id, 1)
+    time.sleep(3)  # hold the allocation long enough to cost something
     _node_down_then_back(job_id)
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     reconcile_until_ended(ledger, settings, queue, {"slurm": slurm}, timeout_s=60)
