@@ -59,13 +59,18 @@ from .sacct import Runner, Sacct, normalize_state, run_command
 
 log = logging.getLogger(__name__)
 ALLOC_START_LINE = alloc_start_export("$EPOCHREALTIME")  # bash 5: the batch script is #!/bin/bash
-# The ranks' rendezvous port (rank 0's TCPStore), set on the batch host as the allocation starts:
-# from the job id, below the kernel's ephemeral port range, so no outgoing connection on the node
-# can be holding it. submitit's own choice (20000-60000 from the job id) lies mostly inside that
-# range, and rank 0 failed with EADDRINUSE when a client connection had the port. The tasks get it
-# through srun's environment; a profile's own setup line may still set another.
+# The ranks' rendezvous port (rank 0's TCPStore), set on the batch host (rank 0's) as the allocation
+# starts: from the job id, below the kernel's ephemeral port range, so no outgoing connection on the
+# node can be holding it (submitit's own choice, 20000-60000 from the job id, lies mostly inside that
+# range, and rank 0 failed with EADDRINUSE when a client connection had the port); a port something
+# already listens on (another job's rendezvous, a service; seen in a full run of the suite, job 1240)
+# is passed over for the next one, stepping by a prime, up to 50 tries (bash's /dev/tcp: refused at
+# once where nothing listens). The tasks get it through srun's environment; a profile's own setup
+# line may still set another.
 RENDEZVOUS_PORT_LINE = ("read -r _lo _hi < /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || _lo=32768; "
                         "(( _lo > 11000 )) || _lo=11000; (( MASTER_PORT = 10000 + SLURM_JOB_ID % (_lo - 10000) )); "
+                        "for _try in {1..50}; do (exec 3<>/dev/tcp/127.0.0.1/$MASTER_PORT) 2>/dev/null || break; "
+                        "(( MASTER_PORT = 10000 + (MASTER_PORT - 10000 + 7919) % (_lo - 10000) )); done; "
                         "export MASTER_PORT")
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")

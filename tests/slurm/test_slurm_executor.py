@@ -60,9 +60,10 @@ def test_four_gpus_and_gpu_hours_equal_sacct(executor, tag, tmp_path):
     assert info.start is not None and info.end is not None and info.restarts == 0
     cvd, slurm_id, port = out.read_text().splitlines()
     assert cvd == "0,1,2,3" and slurm_id == job_id
-    # the ranks' rendezvous port: from the job id, below the ephemeral range (no client socket holds it)
+    # the ranks' rendezvous port: below the ephemeral range (no client socket holds it); the job id's
+    # own unless something listened there (tests/test_rendezvous_port.py)
     ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    assert int(port) == 10000 + int(job_id) % (ephemeral_low - 10000) < ephemeral_low
+    assert 10000 <= int(port) < ephemeral_low
 
 
 @pytest.mark.slow
