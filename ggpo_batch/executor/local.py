@@ -24,22 +24,9 @@ from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
 from . import forked, rank_client
+from .rank_client import alive
 from .base import Executor, JobInfo
 from .payload import make_payload
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive: it will never write its result
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _mtime(p: Path) -> datetime | None:
@@ -132,7 +119,7 @@ class LocalExecutor(Executor):
         if job is not None:
             running = job.state == "RUNNING"  # type: ignore[attr-defined]
         else:
-            running = job_id.isdigit() and _alive(int(job_id))
+            running = job_id.isdigit() and alive(int(job_id))
         if running:
             return JobInfo(job_id=job_id, state="RUNNING", start=start)
         return JobInfo(job_id=job_id, state="LOST", start=start, exit_code="process ended without a result")
@@ -142,7 +129,7 @@ class LocalExecutor(Executor):
         if job is not None:
             job.cancel()  # type: ignore[attr-defined]
             return
-        if job_id.isdigit() and _alive(int(job_id)):
+        if job_id.isdigit() and alive(int(job_id)):
             import signal
 
             try:

@@ -161,7 +161,8 @@ def _start_server(path: Path, env: dict[str, str]) -> int:
     return int(said) if said.isdigit() else 0
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not: it will never write a result)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -195,7 +196,7 @@ def connect_or_start(env: dict[str, str]) -> socket.socket:
             sock = _connect(path)
             if sock is not None:
                 return sock
-            if not pid or not _alive(pid):
+            if not pid or not alive(pid):
                 break
             time.sleep(0.05)
     raise OSError(f"the rank server did not start (see {path.with_suffix('.log')})")

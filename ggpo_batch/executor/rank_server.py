@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..common.reaping import reaped
 from .rank_client import DEFAULT_IDLE_SECONDS, HEADER, IDLE_SETTING, socket_address
 
 MAX_REQUEST_BYTES = 16 << 20
@@ -266,14 +267,7 @@ def _loop(listener: socket.socket, wake_r: int, wake_w: int, path: Path, mine: i
 
 
 def _reap(ranks: dict[int, socket.socket | None], selector: selectors.BaseSelector) -> None:
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        code = os.waitstatus_to_exitcode(status)
+    for pid, code in reaped():
         conn = ranks.pop(pid, None)
         _log(f"rank {pid}: exit {code}")
         if conn is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from ...common.import_env import import_time_env
+from ...common.reaping import reaped
 from ...errors import GgpoError
 
 # A rank of a local run (train/launch.py).
@@ -151,17 +152,11 @@ def serve() -> None:
     children: dict[int, str] = {}
 
     def reap(signum: int, frame: object) -> None:
-        while True:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        for pid, code in reaped():
             path = children.pop(pid, None)
             if path is not None:
                 tmp = f"{path}.tmp"
-                Path(tmp).write_text(f"{os.waitstatus_to_exitcode(status)}\n")
+                Path(tmp).write_text(f"{code}\n")
                 os.replace(tmp, path)
 
     signal.signal(signal.SIGCHLD, reap)
