@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from ggpo_batch.executor import rank_client
+from ggpo_batch.executor.rank_client import alive
 from tests.support.paths import REPO
+from tests.support.rank_servers import processes
 from tests.support.waiting import wait_until
 
 CLIENT = Path(rank_client.__file__).resolve()
@@ -39,15 +41,9 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 
 def _server_pids(runtime: Path) -> list[int]:
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"ggpo_batch.executor.rank_server" in cmd and any(str(runtime).encode() in part for part in cmd):
-            pids.append(int(proc.name))
-    return pids
+    """The module's servers under `runtime`, and any rank one forked (it carries its server's command line)."""
+    return [pid for pid, _ppid, cmd in processes()
+            if rank_client.SERVER_MODULE.encode() in cmd and str(runtime).encode() in cmd]
 
 
 def _kill(pid: int) -> None:
@@ -55,14 +51,6 @@ def _kill(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return False
 
 
 def _client(args: list[str], env: dict[str, str], **kw) -> subprocess.CompletedProcess[str]:  # type: ignore[no-untyped-def]
@@ -113,10 +101,10 @@ def test_signals_reach_the_rank_and_a_killed_client_takes_its_rank_with_it(serve
     assert said.read_text() == "usr2"
     # the controller's SIGKILL, which no process can relay: the server sees its client gone
     proc, rank = _started(_probe(["sleep"]), servers)
-    assert _alive(rank)
+    assert alive(rank)
     proc.kill()
     proc.wait(timeout=30)
-    wait_until(lambda: not _alive(rank), 30, "the rank killed with its client")
+    wait_until(lambda: not alive(rank), 30, "the rank killed with its client")
 
 
 def test_without_a_server_the_rank_runs_as_submitit_would_have_run_it(servers):
@@ -181,23 +169,19 @@ def test_clients_at_once_share_one_new_server_and_a_killed_server_takes_its_rank
             assert line.startswith("ready "), (line, proc.stderr.read() if proc.poll() is not None else "")
             ranks.append(int(line.split()[1]))
         [server] = set(_server_pids(runtime)) - set(ranks)  # a forked rank has its server's command line
-        assert all(_parent(rank) == server for rank in ranks)
+        parents = {pid: ppid for pid, ppid, _cmd in processes()}
+        assert all(parents[rank] == server for rank in ranks)
         os.kill(server, signal.SIGKILL)
         for proc in procs:
             assert proc.wait(timeout=60) == 1
             assert "the rank server ended while the rank ran" in (proc.stderr.read() if proc.stderr else "")
-        wait_until(lambda: not any(_alive(rank) for rank in ranks), 30, "the ranks ended with their server")
+        wait_until(lambda: not any(alive(rank) for rank in ranks), 30, "the ranks ended with their server")
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
         for pid in _server_pids(runtime):
             _kill(pid)
-
-
-def _parent(pid: int) -> int:
-    with open(f"/proc/{pid}/stat") as f:
-        return int(f.read().rsplit(") ", 1)[1].split()[1])
 
 
 def test_an_idle_server_ends_and_removes_its_socket(servers):

@@ -179,12 +179,18 @@ def serve(path: Path, idle_seconds: float) -> None:
     try:
         _loop(listener, wake_r, wake_w, path, mine, idle_seconds)
     finally:
-        try:
-            if os.stat(path).st_ino == mine:
-                path.unlink()
-        except OSError:
-            pass
+        if _still_ours(path, mine):
+            path.unlink(missing_ok=True)
     _log("ended")
+
+
+def _still_ours(path: Path, mine: int) -> bool:
+    """Whether the socket file at `path` is still the one this server bound (inode `mine`), not
+    removed or replaced by a newer server."""
+    try:
+        return os.stat(path).st_ino == mine
+    except OSError:
+        return False
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -198,18 +204,11 @@ def _loop(listener: socket.socket, wake_r: int, wake_w: int, path: Path, mine: i
     selector.register(wake_r, selectors.EVENT_READ)
     ranks: dict[int, socket.socket | None] = {}  # rank pid -> its client's connection (None: gone)
     busy_until = time.monotonic()
-
-    def still_ours() -> bool:
-        try:
-            return os.stat(path).st_ino == mine
-        except OSError:
-            return False
-
     while True:
         now = time.monotonic()
         if ranks:
             busy_until = now
-        elif now >= busy_until + idle_seconds or not still_ours():
+        elif now >= busy_until + idle_seconds or not _still_ours(path, mine):
             break
         timeout = None if ranks else min(CHECK_EVERY_S, busy_until + idle_seconds - now)
         for key, _ in selector.select(timeout):

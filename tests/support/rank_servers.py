@@ -14,7 +14,7 @@ from pathlib import Path
 from ggpo_batch.executor import rank_client
 
 
-def _processes() -> list[tuple[int, int, bytes]]:
+def processes() -> list[tuple[int, int, bytes]]:
     """(pid, parent pid, command line) of every live process."""
     out = []
     for proc in Path("/proc").iterdir():
@@ -37,11 +37,11 @@ def end_idle_servers() -> list[int]:
         folder = str(rank_client.servers_dir()).encode()
     except OSError:
         return []
-    processes = _processes()
-    parents = {ppid for _pid, ppid, _cmd in processes}
-    matching = {pid for pid, _ppid, cmd in processes if rank_client.SERVER_MODULE.encode() in cmd and folder in cmd}
+    running = processes()
+    parents = {ppid for _pid, ppid, _cmd in running}
+    matching = {pid for pid, _ppid, cmd in running if rank_client.SERVER_MODULE.encode() in cmd and folder in cmd}
     ended = []
-    for pid, ppid, _cmd in processes:
+    for pid, ppid, _cmd in running:
         # a forked rank has its server's command line, and its server for a parent
         if pid in matching and ppid not in matching and pid not in parents:
             try:
