@@ -28,6 +28,16 @@ def report(argv: list[str]) -> int:
     return int(argv[0]) or None  # type: ignore[return-value]
 
 
+def starts(argv: list[str]) -> None:
+    """A rank that does what a training rank does before its first step, then writes the modules
+    that took it to argv[0]."""
+    from tools.bench.rank_time_imports import rank_start
+
+    before = set(sys.modules)
+    rank_start()
+    Path(argv[0]).write_text("\n".join(sorted(set(sys.modules) - before)))
+
+
 def sleeper(argv: list[str]) -> None:
     print("sleeping", flush=True)
     signal.pause()
@@ -41,6 +51,18 @@ def test_a_forked_rank_has_its_environment_folder_and_exit_code(tmp_path: Path):
     assert [r.wait(timeout=60) for r in ranks] == [0, 3]  # both exit at once: neither status is lost
     log = (tmp_path / "r3.log").read_text()
     assert f"cwd={tmp_path} tmp={tmp_path / 't'} marker=m1 sys.argv=['3'] torch=True" in log, log
+
+
+def test_a_forked_rank_imports_nothing_heavy_before_its_first_step(tmp_path: Path):
+    """The fork server's preload took what DeepSpeed imports in `deepspeed.initialize` (its Muon
+    optimizer, with torch._dynamo and torch._inductor: 1.3 CPU-s a rank) and the trainer's own late
+    imports: a rank pays none of them (tools/bench/rank_time_imports.py)."""
+    rank = ForkServer.start_rank([str(tmp_path / "new")], dict(os.environ), tmp_path / "r.log", target=f"{HERE}:starts")
+    assert rank.wait(timeout=120) == 0, (tmp_path / "r.log").read_text()
+    new = (tmp_path / "new").read_text().split()
+    heavy = [m for m in new if m.startswith(("torch._dynamo", "torch._inductor", "deepspeed.runtime.zero.muon",
+                                             "bm25s", "ggpo_batch.train.pretrained"))]
+    assert heavy == [], heavy
 
 
 def test_a_killed_rank_reports_its_signal_and_a_changed_import_environment_gets_a_new_server(tmp_path: Path):

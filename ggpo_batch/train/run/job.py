@@ -22,6 +22,7 @@ each allocation on its own attempt (the details' `allocation_elapsed_seconds`).
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import logging
 import os
@@ -115,8 +116,16 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+# What a rank imports only once it runs, each time in a rank forked from a preloaded process
+# (train/run/rankfork.py, executor/rank_server.py) unless the preload took it: DeepSpeed's ZeRO
+# optimizers import its Muon optimizer in `deepspeed.initialize`, and with it torch._dynamo and
+# torch._inductor (about 1 CPU-second a rank); the retriever's bm25s; the checkpoint reader.
+RANK_TIME_IMPORTS = ("deepspeed.runtime.zero.muon.muon_optimizer", "bm25s", "ggpo_batch.train.pretrained.hf")
+
+
 def preload() -> None:
-    """Import torch, DeepSpeed (on the CPU accelerator where there is no GPU) and the trainer."""
+    """Import torch, DeepSpeed (on the CPU accelerator where there is no GPU), the trainer and what
+    a rank imports once it runs (RANK_TIME_IMPORTS)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -124,6 +133,9 @@ def preload() -> None:
     import_deepspeed()
 
     from . import trainer  # noqa: F401
+
+    for name in RANK_TIME_IMPORTS:
+        importlib.import_module(name)
 
 
 def init_process_group(cuda: bool) -> None:
