@@ -65,17 +65,18 @@ def test_a_forked_rank_imports_nothing_heavy_before_its_first_step(tmp_path: Pat
     assert heavy == [], heavy
 
 
-def test_a_killed_rank_reports_its_signal_and_a_changed_import_environment_gets_a_new_server(tmp_path: Path):
+def test_a_killed_rank_reports_its_signal_and_a_changed_import_environment_gets_a_server_of_its_own(tmp_path: Path):
     log = tmp_path / "s.log"
     rank = ForkServer.start_rank([], dict(os.environ), log, target=f"{HERE}:sleeper")
     deadline = time.monotonic() + 60
     while not (log.exists() and "sleeping" in log.read_text()):
         assert rank.poll() is None and time.monotonic() < deadline
         time.sleep(0.1)
-    first = ForkServer._current
+    first = ForkServer._servers[ForkServer.key(dict(os.environ), vllm=False)]
     rank.kill()
     assert rank.wait(timeout=30) == -signal.SIGKILL
     # OMP_NUM_THREADS is read when torch is imported: a request that changes it needs another server
     env = dict(os.environ, OMP_NUM_THREADS="2")
     assert ForkServer.start_rank(["0"], env, tmp_path / "o.log", target=f"{HERE}:report").wait(timeout=60) == 0
-    assert ForkServer._current is not first and first in ForkServer._replaced
+    other = ForkServer._servers[ForkServer.key(env, vllm=False)]
+    assert other is not first and first.proc.poll() is None  # the first is kept for its own environment

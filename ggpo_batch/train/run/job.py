@@ -123,9 +123,14 @@ def write_json_atomic(path: Path, data: Any) -> None:
 RANK_TIME_IMPORTS = ("deepspeed.runtime.zero.muon.muon_optimizer", "bm25s", "ggpo_batch.train.pretrained.hf")
 
 
-def preload() -> None:
+# What a rank with vLLM rollouts imports when its engine starts (`from vllm import LLM`, about 2.2
+# CPU-seconds): preloaded only by a server that forks such ranks (`preload(vllm=True)`).
+VLLM_IMPORTS = ("vllm.entrypoints.llm", "ggpo_batch.train.rollout.vllm_backend")
+
+
+def preload(*, vllm: bool = False) -> None:
     """Import torch, DeepSpeed (on the CPU accelerator where there is no GPU), the trainer and what
-    a rank imports once it runs (RANK_TIME_IMPORTS)."""
+    a rank imports once it runs (RANK_TIME_IMPORTS); with `vllm`, vLLM's too (VLLM_IMPORTS)."""
     import torch
 
     if not torch.cuda.is_available():
@@ -134,7 +139,7 @@ def preload() -> None:
 
     from . import trainer  # noqa: F401
 
-    for name in RANK_TIME_IMPORTS:
+    for name in RANK_TIME_IMPORTS + (VLLM_IMPORTS if vllm else ()):
         importlib.import_module(name)
 
 

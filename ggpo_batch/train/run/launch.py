@@ -18,6 +18,7 @@ from pathlib import Path
 from ...common.netutil import free_port
 from ...contracts.runspec import RunSpec
 from ...errors import GgpoError
+from ..config import TrainConfig
 from .job import Preempted, TimeLimitReached, TrainingJob, run_with_budget
 from .rankfork import ForkServer, Rank
 
@@ -37,6 +38,7 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     spec_file = output.with_name(output.name + ".spec.json")
     spec_file.write_text(spec.to_json())
     port = free_port()
+    vllm = TrainConfig.from_table(spec.train, "<run spec>").rollout == "vllm"  # from a server that imported it
     procs = []
     for rank in range(nproc):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_RANK=str(rank),
@@ -44,7 +46,7 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
                    OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), CUDA_VISIBLE_DEVICES="")
         env.pop("SUBMITIT_EXECUTOR", None)
         log_path = output.with_name(f"{output.name}.rank{rank}.log")
-        procs.append((ForkServer.start_rank([str(spec_file), str(output)], env, log_path), log_path))
+        procs.append((ForkServer.start_rank([str(spec_file), str(output)], env, log_path, vllm=vllm), log_path))
     failed = []
 
     def forward(signum: int, frame: object) -> None:  # a preempted launcher preempts its ranks
