@@ -17,7 +17,13 @@ from ggpo_batch.executor.sacct import Sacct, run_command
 from ggpo_batch.executor.slurm import SlurmExecutor, job_comment
 from ggpo_batch.spec.parse import load_spec
 from tests.support import slurm_jobs as jobs
-from tests.support.slurm import CountingRunner, release_requeue_hold, sacct_gpu_hours
+from tests.support.slurm import (
+    CountingRunner,
+    release_requeue_hold,
+    sacct_gpu_hours,
+    signal_preemption,
+    wait_ranks_ready,
+)
 from tests.support.waiting import reconcile_until_ended
 
 pytestmark = [pytest.mark.slurm, pytest.mark.redis]
@@ -122,8 +128,6 @@ def test_enqueue_worker_sbatch_four_gpus_finished_attempt_books_sacct_gpu_hours(
 @pytest.mark.slow
 def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hours(
         dev_cluster, ledger, settings, profile, tmp_path, tag):  # type: ignore[no-untyped-def]
-    import submitit
-
     [key, *_] = enqueue(ledger, settings, tmp_path, tag, retries=1)  # the spec allows the requeue it exercises
     queue = RunQueue.from_url(settings.redis_url, settings.queue)
     ex = SlurmExecutor(profile, settings.jobs_dir, min_submit_interval_s=0)
@@ -135,8 +139,9 @@ def test_a_requeue_under_the_same_job_id_is_its_own_attempt_with_its_own_gpu_hou
     end = time.monotonic() + 30
     while not log.exists() and time.monotonic() < end:
         time.sleep(0.2)
+    wait_ranks_ready(tmp_path / "job", job_id, profile.nodes * profile.gpus_per_node)  # every rank's USR2 handler
     time.sleep(3)  # let the first run hold its allocation long enough to cost something
-    submitit.SlurmJob(folder=tmp_path / "job", job_id=job_id)._interrupt(timeout=False)  # as a preemption
+    signal_preemption(job_id)  # as submitit sees a preemption
     while time.monotonic() < end + 60 and ex.poll([job_id])[job_id].restarts < 1:
         time.sleep(0.5)
     release_requeue_hold(job_id)  # skip the 120 s requeue hold

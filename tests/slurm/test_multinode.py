@@ -24,6 +24,7 @@ from tests.support.paths import PROFILES
 from tests.support.slurm import (
     cancel_tagged,
     sacct_gpu_hours,
+    signal_preemption,
     wait_for,
     wait_ranks_ready,
 )
@@ -112,8 +113,6 @@ def test_two_node_run_through_enqueue_worker_and_slurm_succeeds_and_books_nodes_
 
 def test_two_node_job_preempted_books_one_attempt_with_its_gpu_hours(
         dev_cluster, ledger, settings, tmp_path, tag):  # type: ignore[no-untyped-def]
-    import submitit
-
     key = _enqueue(ledger, settings, tmp_path, tag, retries=0)
     RunQueue.from_url(settings.redis_url, settings.queue).queue.empty()  # as if a worker had taken it
     profile = load_profile("dev-cluster-2node", PROFILES)
@@ -126,7 +125,7 @@ def test_two_node_job_preempted_books_one_attempt_with_its_gpu_hours(
         ledger.mark_submitted(key, att.number, job_id=job_id, actor="tester")
         wait_for(ex, job_id, lambda i: i.state == "RUNNING", 60)
         wait_ranks_ready(tmp_path / "job", job_id, NODES * GPUS_PER_NODE)  # every rank's signal handler
-        submitit.SlurmJob(folder=tmp_path / "job", job_id=job_id)._interrupt(timeout=False)  # as a preemption
+        signal_preemption(job_id)  # as submitit sees a preemption
         queue = RunQueue.from_url(settings.redis_url, settings.queue)
         reconcile_until_ended(ledger, settings, queue, {"slurm": ex}, timeout_s=120)
     finally:

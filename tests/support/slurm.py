@@ -96,6 +96,16 @@ def wait_ranks_ready(folder: Path, job_id: str, ranks: int, timeout_s: float = 6
     raise AssertionError(f"job {job_id}: not all {ranks} ranks loaded their payload in {timeout_s} s")
 
 
+def signal_preemption(job_id: str) -> None:
+    """What submitit's `SlurmJob._interrupt(timeout=False)` does, without its race: the job's
+    preemption signal (USR2, its --signal) to every task. `_interrupt` sends SIGTERM first, in
+    another scancel; slurmd has delivered the two out of order, and the TERM, reaching every process
+    of the step, killed the `scontrol requeue` that rank 0's USR2 handler was running (a full run,
+    job 1238: no requeue reached slurmctld and the job failed). submitit ignores the TERM anyway
+    ("Bypassing signal SIGTERM"); `preempt` below is Slurm's own preemption."""
+    run_command(["scancel", "--signal=USR2", job_id])
+
+
 # The dev cluster's partition whose jobs preempt those of the default one on the same node
 # (slurm/dev-cluster/slurm.conf.in: higher PriorityTier, PreemptType=preempt/partition_prio).
 URGENT_PARTITION = "dev-urgent"
