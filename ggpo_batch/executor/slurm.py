@@ -119,13 +119,20 @@ class Requeueable:
             if callable(submitit_handler):
                 signal.signal(signal.SIGUSR2, functools.partial(self._on_usr2, submitit_handler))
         try:
-            return self.fn()
+            result = self.fn()
         except GgpoError as exc:
             if exc.exit_code not in STATE_OF_EXIT_CODE:
                 raise
             log.warning("%s: exiting %d", exc.message, exc.exit_code)
             logging.shutdown()
             os._exit(exc.exit_code)
+        if threading.current_thread() is threading.main_thread():
+            # Done: a USR2 from now on (the profile's time-limit signal, sent at limit - delay, when a
+            # job whose loop ends at its save deadline is exiting) has nothing left to save. Ignored,
+            # not left to Python: at finalization it puts back USR2's default action, which kills, and a
+            # job that had said "completed successfully" was booked FAILED, exit 12 (a full run).
+            signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        return result
 
     def _on_usr2(self, submitit_handler: Callable[..., Any], signum: int, frame: Any) -> None:
         if not self.timed_out():

@@ -79,6 +79,7 @@ def test_usr2_near_the_time_limit_tells_the_payload_and_requeues_nothing(monkeyp
         assert Requeueable(Payload(), time_limit_s=600, signal_delay_s=30)() == "done"
         assert Payload.told == 1 and preempted == []
         monkeypatch.setenv(ALLOC_START_ENV, str(time.time()))
+        signal.signal(signal.SIGUSR2, lambda *a: preempted.append(a))  # a finished payload left USR2 ignored
         assert Requeueable(Payload(), time_limit_s=600, signal_delay_s=30)() == "done"
         assert Payload.told == 1 and len(preempted) == 1  # early in the allocation: a preemption, submitit's
     finally:
@@ -102,3 +103,22 @@ def test_a_job_that_stopped_at_its_time_limit_exits_76_and_reads_as_timeout():
             JobInfo("1", "FAILED", exit_code="1:0"), JobInfo("1", "COMPLETED", exit_code="0:0")]
     read = [_own_exit_states(JobAccount(latest=e, segments=(e,))).latest.state for e in ends]
     assert read == ["TIMEOUT", "PREEMPTED", "FAILED", "COMPLETED"]
+
+
+def test_a_finished_payload_ignores_the_time_limit_signal_through_its_exit():
+    """A job whose loop ends at its save deadline exits when Slurm sends USR2 (limit - delay): once the
+    payload returned, USR2 is ignored, so Python's finalization, which puts back the default (kill)
+    for the signals it handled, cannot let it end a finished job (seen: exit 12 after "Job completed
+    successfully", booked FAILED). The child handles USR2 as submitit does, finishes, then is sent
+    USR2 at exit, after the interpreter restored the default actions."""
+    code = textwrap.dedent("""
+        import os, signal, sys
+        from ggpo_batch.executor.slurm import Requeueable
+        signal.signal(signal.SIGUSR2, lambda s, f: sys.exit(3))  # submitit's handler
+        assert Requeueable(lambda: 0)() == 0
+        print(signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN, flush=True)
+        import atexit
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGUSR2))  # arrives as the process ends
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 0 and out.stdout.strip() == "True", (out.returncode, out.stdout, out.stderr)
