@@ -114,7 +114,8 @@ class Requeueable:
 
     def __call__(self) -> Any:
         self._started = time.monotonic()
-        if threading.current_thread() is threading.main_thread():
+        main_thread = threading.current_thread() is threading.main_thread()  # where signals can be handled
+        if main_thread:
             submitit_handler = signal.getsignal(signal.SIGUSR2)
             if callable(submitit_handler):
                 signal.signal(signal.SIGUSR2, functools.partial(self._on_usr2, submitit_handler))
@@ -126,7 +127,7 @@ class Requeueable:
             log.warning("%s: exiting %d", exc.message, exc.exit_code)
             logging.shutdown()
             os._exit(exc.exit_code)
-        if threading.current_thread() is threading.main_thread():
+        if main_thread:
             # Done: a USR2 from now on (the profile's time-limit signal, sent at limit - delay, when a
             # job whose loop ends at its save deadline is exiting) has nothing left to save. Ignored,
             # not left to Python: at finalization it puts back USR2's default action, which kills, and a
