@@ -55,8 +55,8 @@ def test_a_forked_rank_has_its_environment_folder_and_exit_code(tmp_path: Path):
 
 def test_a_forked_rank_imports_nothing_heavy_before_its_first_step(tmp_path: Path):
     """The fork server's preload took what DeepSpeed imports in `deepspeed.initialize` (its Muon
-    optimizer, with torch._dynamo and torch._inductor: 1.3 CPU-s a rank) and the trainer's own late
-    imports: a rank pays none of them (tools/bench/rank_time_imports.py)."""
+    optimizer, uncompiled: no torch._inductor) and the trainer's own late imports: a rank pays none
+    of them (tools/bench/rank_time_imports.py)."""
     rank = ForkServer.start_rank([str(tmp_path / "new")], dict(os.environ), tmp_path / "r.log", target=f"{HERE}:starts")
     assert rank.wait(timeout=120) == 0, (tmp_path / "r.log").read_text()
     new = (tmp_path / "new").read_text().split()

@@ -2,12 +2,14 @@
 imports only once it runs (`train.run.job.RANK_TIME_IMPORTS`).
 
 A fork server (train/run/rankfork.py, executor/rank_server.py) imports torch, DeepSpeed and the
-trainer once and forks its ranks. `deepspeed.initialize` of a ZeRO engine then imports DeepSpeed's
-Muon optimizer, and through it torch._dynamo and torch._inductor: in every forked rank unless the
-preload took it. This forks REPEAT one-rank "ranks" (gloo, world size 1) that each do what a rank
-does before its first step (`rank_start`: the policy, its ZeRO-2 engine, the retriever), first from
-the preload without those imports (the baseline, as before), then with them, and prints each leg's
-CPU-seconds of the ranks (their own rusage), and the ratio. Nothing else should run on the machine.
+trainer once and forks its ranks. A rank then imports the retriever's bm25s and the checkpoint
+writer as it starts: in every forked rank unless the preload took them. (DeepSpeed's Muon optimizer,
+which `deepspeed.initialize` of a ZeRO engine imports, came from here too; `import_deepspeed` now
+loads it, uncompiled, in every rank: tools/bench/fresh_rank_imports.py.) This forks REPEAT one-rank
+"ranks" (gloo, world size 1) that each do what a rank does before its first step (`rank_start`: the
+policy, its ZeRO-2 engine, the retriever), first from the preload without those imports (the
+baseline, as before), then with them, and prints each leg's CPU-seconds of the ranks (their own
+rusage), and the ratio. Nothing else should run on the machine.
 
     .venv/bin/python tools/bench/rank_time_imports.py [--repeat 4]
 """

@@ -117,11 +117,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
 
 
 # What a rank imports only once it runs, each time in a rank forked from a preloaded process
-# (train/run/rankfork.py, executor/rank_server.py) unless the preload took it: DeepSpeed's ZeRO
-# optimizers import its Muon optimizer in `deepspeed.initialize`, and with it torch._dynamo and
-# torch._inductor (about 1 CPU-second a rank); the retriever's bm25s; the Hugging Face checkpoint
-# module, which the export writes the policy through.
-RANK_TIME_IMPORTS = ("deepspeed.runtime.zero.muon.muon_optimizer", "bm25s", "ggpo_batch.train.pretrained.hf")
+# (train/run/rankfork.py, executor/rank_server.py) unless the preload took it: the retriever's bm25s;
+# the Hugging Face checkpoint module, which the export writes the policy through. (DeepSpeed's Muon
+# optimizer, which its ZeRO engines import, comes with `import_deepspeed`, uncompiled.)
+RANK_TIME_IMPORTS = ("bm25s", "ggpo_batch.train.pretrained.hf")
 
 
 # What a rank with vLLM rollouts imports when its engine starts (`from vllm import LLM`, about 2.2
