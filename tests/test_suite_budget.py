@@ -72,6 +72,8 @@ def test_slow_test_without_reason_fails_and_with_one_passes(tmp_path: Path) -> N
     assert "no @pytest.mark.slow_reason" in out, out
     # the slowest are listed with their reasons, and the total is within the (large) budget
     assert "planted: a reason makes it allowed" in out and "within cpu_budget_seconds" in out, out
+    most = out.split("the ten that used the most CPU:\n", 1)[1].splitlines()[:2]
+    assert {line.rsplit("::", 1)[1] for line in most} == {"test_slow_unmarked", "test_slow_with_reason"}, out
 
 
 def test_suite_over_its_cpu_budget_fails(tmp_path: Path) -> None:

@@ -3,10 +3,10 @@
 - A test whose setup and call take more than `slow_test_seconds` (setup.cfg) of wall time fails under
   `--cpu-budget` unless it carries `@pytest.mark.slow_reason("why it cannot be shorter")`.
 - Every test's CPU time (this process and the children it waited for) is recorded; with
-  `--cpu-budget` (`make test`) the ten slowest tests are printed with their reasons, and the run
-  fails when the total CPU time is over `cpu_budget_seconds` (setup.cfg), the one place the limit
-  is written. Under pytest-xdist each worker measures its own tests and sends the figures to the
-  controller with the test's report.
+  `--cpu-budget` (`make test`) the ten slowest tests are printed with their reasons, then the ten
+  that used the most CPU, and the run fails when the total CPU time is over `cpu_budget_seconds`
+  (setup.cfg), the one place the limit is written. Under pytest-xdist each worker measures its own
+  tests and sends the figures to the controller with the test's report.
 - That figure misses what no test waits for: Slurm jobs (slurmd's children), local jobs left
   orphans in groups of their own, daemons (about 60 % of the machine's CPU in a full run,
   docs/figures.md). So the controller also reads the machine's CPU time (`/proc/stat`: user + nice +
@@ -146,6 +146,11 @@ class Budget:
         slowest = sorted(self.tests.items(), key=lambda kv: kv[1][1], reverse=True)[:10]
         for nodeid, (cpu, wall, reason) in slowest:
             tr.write_line(f"{wall:7.1f} s wall {cpu:7.1f} s CPU  {nodeid}" + (f"  -- {reason}" if reason else ""))
+        # What the budget spends: a test's own CPU (its process's share of the test and the children it
+        # waited for; Slurm's job steps and forked ranks are counted on the machine's figure below).
+        tr.write_line("the ten that used the most CPU:")
+        for nodeid, (cpu, wall, _reason) in sorted(self.tests.items(), key=lambda kv: kv[1][0], reverse=True)[:10]:
+            tr.write_line(f"{cpu:7.1f} s CPU  {wall:7.1f} s wall {nodeid}")
         for nodeid, (cpu, _wall, reason) in self.tests.items():
             if cpu > self.limit_s and not reason:
                 tr.write_line(f"over {SLOW_TEST_INI} with no slow_reason: {nodeid} ({cpu:.0f} CPU s)")
