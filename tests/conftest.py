@@ -201,6 +201,10 @@ def _heavy_first(items: list[pytest.Item], groups: dict[str, str]) -> list[pytes
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if UNGROUPED in item.stash:
         pytest.fail(item.stash[UNGROUPED], pytrace=False)
+    if item.get_closest_marker("vllm") is not None:  # before its fixtures, which may start engines
+        from tests.support.vllm_model_info import ensure
+
+        ensure()
 
 
 @pytest.fixture(scope="session")
