@@ -18,3 +18,12 @@ PROFILES = PACKAGED / "profiles"
 DEV_CLUSTER_UP = REPO / "slurm" / "dev-cluster" / "up.sh"
 # The dev cluster's state folder (slurm/dev-cluster/common.sh: pid files in run/, logs in log/).
 DEV_CLUSTER_STATE = Path(os.environ.get("GGPO_SLURM_STATE", "/var/tmp/ggpo-slurm"))
+
+# What tests/conftest.py sets for the whole run: one thread a process, one inductor and one vLLM
+# cache. A test that gives a job a bare environment (its own HOME and TMPDIR, as an allocation's)
+# keeps these, or the job compiles vLLM's CPU kernels and inspects its model classes again.
+RUN_WIDE_ENV = ("OMP_NUM_THREADS", "TORCHINDUCTOR_CACHE_DIR", "VLLM_CACHE_ROOT")
+
+
+def run_wide_env() -> dict[str, str]:
+    return {k: os.environ[k] for k in RUN_WIDE_ENV if k in os.environ}

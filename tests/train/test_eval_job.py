@@ -13,7 +13,7 @@ import pytest
 
 from ggpo_batch.contracts.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
 from ggpo_batch.control.evaluation_jobs import check_evaluation_record
-from tests.support.paths import REPO
+from tests.support.paths import REPO, run_wide_env
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
 
@@ -78,7 +78,7 @@ def test_the_evaluation_job_gives_the_same_greedy_answers_through_torch_and_vllm
     jobs = [(specs[b].to_json(), str(tmp_path / b / "evaluation.json")) for b in specs]
     jobs.append((stale.to_json(), str(tmp_path / "stale" / "evaluation.json")))
     env = {"PYTHONPATH": str(REPO), "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+           "HOME": str(tmp_path), "TMPDIR": str(tmp_path), **run_wide_env()}
     proc = subprocess.run([sys.executable, "-c", RUN_ALL, json.dumps(jobs)], capture_output=True, text=True,
                           timeout=900, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]

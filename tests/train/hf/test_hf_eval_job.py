@@ -15,7 +15,7 @@ import pytest
 
 from ggpo_batch.contracts.evaluation_spec import EvaluationSpec, evaluation_key, file_sha256
 from ggpo_batch.control.evaluation_jobs import check_evaluation_record
-from tests.support.paths import REPO
+from tests.support.paths import REPO, run_wide_env
 from tests.train.hf.conftest import train_table
 
 pytestmark = [pytest.mark.train, pytest.mark.slow]
@@ -55,7 +55,8 @@ def test_an_evaluation_after_training_reproduces_the_trainings_own(thinking_hf: 
                         policy_dir=details["policy_dir"], details_path=str(details_of(out)), run_spec=spec.to_dict())
     (tmp_path / "spec.json").write_text(ev.to_json())
     record = tmp_path / "eval" / "evaluation.json"
-    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path)}
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmp_path),
+           **run_wide_env()}
     proc = subprocess.run([sys.executable, "-c", RUN, str(tmp_path / "spec.json"), str(record)], capture_output=True,
                           text=True, timeout=600, env=env, cwd=tmp_path, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
