@@ -1,4 +1,4 @@
-"""The local executor's ranks, forked by a rank server (executor/rank_client.py, rank_server.py).
+"""The local executor's ranks, forked by a rank server (common/rank_client.py, executor/rank_server.py).
 
 Each test runs the real client script, as submitit's local controller does (`python -S
 rank_client.py -u -m MODULE ARGS`), against a real server in a folder of this module's own; the
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ggpo_batch.executor import rank_client
-from ggpo_batch.executor.rank_client import alive
+from ggpo_batch.common import rank_client
+from ggpo_batch.common.rank_client import alive
 from tests.support.paths import REPO
 from tests.support.rank_servers import processes
 from tests.support.waiting import wait_until
@@ -125,6 +125,15 @@ def test_a_server_serves_only_its_import_time_environment_and_its_code(tmp_path:
     assert rank_client.server_key(base) == rank_client.server_key({**base, "GGPO_PROBE": "x"})
     assert rank_client.server_key(base) != rank_client.server_key({**base, "OMP_NUM_THREADS": "2"})
     assert rank_client.server_key(base) != rank_client.server_key({**base, "PYTHONPATH": "/elsewhere"})
+    # a server that imported vLLM as well serves ranks with vLLM rollouts (train/run/rankfork.py)
+    assert rank_client.server_key(base) != rank_client.server_key({**base, rank_client.PRELOAD: "vllm"})
+    # a launcher (site loaded) finds the server its ranks' clients (`python -S`) will ask: in a venv,
+    # -S leaves the base Python's prefix, and the libraries' stamp was the base Python's
+    client = ("import importlib.util as u, json, sys; s = u.spec_from_file_location('c', sys.argv[1]); "
+              "m = u.module_from_spec(s); s.loader.exec_module(m); print(m.server_key(json.loads(sys.argv[2])))")
+    said = subprocess.run([sys.executable, "-S", "-c", client, str(CLIENT), json.dumps(base)], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert said == rank_client.server_key(base)
     package = tmp_path / "pkg"
     (package / "sub").mkdir(parents=True)
     source = package / "sub" / "mod.py"

@@ -16,7 +16,7 @@ from ggpo_batch.contracts.run_record import check_run_record
 from ggpo_batch.control.enqueue import enqueue_spec
 from ggpo_batch.control.queue import RunQueue
 from ggpo_batch.control.reconcile import reconcile
-from ggpo_batch.executor.rank_client import alive as process_alive  # a zombie is not alive
+from ggpo_batch.common.rank_client import alive as process_alive  # a zombie is not alive
 from ggpo_batch.spec.parse import load_spec
 from tests.support.waiting import wait_until
 from tests.support.workers import (

@@ -12,7 +12,7 @@ import pytest
 
 from ggpo_batch.errors import ExecutorError
 from ggpo_batch.executor.forked import call_forked
-from ggpo_batch.executor.rank_client import alive as process_alive  # a zombie is not alive
+from ggpo_batch.common.rank_client import alive as process_alive  # a zombie is not alive
 
 
 def test_a_forked_call_returns_what_it_returned_from_another_process() -> None:

@@ -4,7 +4,7 @@ A process that imports them once and forks ranks from then on (train/run/rankfor
 run's ranks, executor/rank_server.py for the local executor's) serves only ranks whose environment
 agrees with its own on these variables: they were read when it imported.
 
-Standard library only: executor/rank_client.py loads this file by its path, without the package.
+Standard library only: common/rank_client.py loads this file by its path, without the package.
 """
 
 from __future__ import annotations

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import submitit
 
-from ..common import metrics
+from ..common import metrics, rank_client
 from ..common.netutil import free_port
+from ..common.rank_client import alive
 from ..contracts.allocation import alloc_start_export, record_path, vllm_cache_export
 from ..contracts.canary_spec import CanarySpec
 from ..contracts.evaluation_spec import EvaluationSpec
 from ..contracts.priorities import DEFAULT_PRIORITY
 from ..contracts.runspec import RunSpec
 from ..errors import ExecutorError
-from . import forked, rank_client
-from .rank_client import alive
+from . import forked
 from .base import Executor, JobInfo
 from .payload import make_payload
 

@@ -37,14 +37,14 @@ canary record."""
     raise ExecutorError(f"method {spec.method!r} has no training job (known: ggpo)")
 
 
-def preload_payloads() -> bool:
-    """Import what the training payloads import (torch, DeepSpeed, the trainer) in this process, so
-    payload processes it forks start with them loaded; False where the train extra is not installed (a
-    submit-only worker, whose jobs never train here)."""
+def preload_payloads(*, vllm: bool = False) -> bool:
+    """Import what the training payloads import (torch, DeepSpeed, the trainer; with `vllm`, vLLM too)
+    in this process, so payload processes it forks start with them loaded; False where the train
+    extra is not installed (a submit-only worker, whose jobs never train here)."""
     try:
         from ..train.run.job import preload
 
-        preload()
+        preload(vllm=vllm)
         return True
     except ImportError:
         return False

@@ -1,5 +1,5 @@
 """The local executor's rank server: imports torch, DeepSpeed and the trainer once, then forks each
-rank that executor/rank_client.py asks for (why, and the server's life, are told there).
+rank that common/rank_client.py asks for (why, and the server's life, are told there).
 
 `python -m ggpo_batch.executor.rank_server SOCKET [IDLE_SECONDS]`. One thread, always: a fork
 copies a consistent process. The server never runs torch itself; ranks are CPU-only (the local
@@ -25,8 +25,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..common.rank_client import (
+    DEFAULT_IDLE_SECONDS,
+    HEADER,
+    IDLE_SETTING,
+    PRELOAD,
+    socket_address,
+)
 from ..common.reaping import reaped
-from .rank_client import DEFAULT_IDLE_SECONDS, HEADER, IDLE_SETTING, socket_address
 
 MAX_REQUEST_BYTES = 16 << 20
 # The server's `python -m` put its own working directory first on sys.path; a rank's is its client's.
@@ -122,6 +128,8 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 
     conn.settimeout(10.0)
     head, fds, _flags, _addr = socket.recv_fds(conn, HEADER.size, 3)
+    if not head and not fds:
+        raise EOFError  # a client that only made sure this server is up (rank_client.ensure_server)
     try:
         while len(head) < HEADER.size:
             more = conn.recv(HEADER.size - len(head))
@@ -152,7 +160,7 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
 def _preload() -> None:
     from . import payload
 
-    if not payload.preload_payloads():
+    if not payload.preload_payloads(vllm=os.environ.get(PRELOAD) == "vllm"):
         raise SystemExit("the train extra is not installed: nothing to preload")
     import submitit.core.submission  # noqa: F401  (the ranks' entry point)
 
@@ -216,6 +224,9 @@ def _loop(listener: socket.socket, wake_r: int, wake_w: int, path: Path, mine: i
                 conn, _addr = listener.accept()
                 try:
                     request, fds = _read_request(conn)
+                except EOFError:
+                    conn.close()
+                    continue
                 except (OSError, ValueError, KeyError, TypeError) as exc:
                     _log(f"refused a request: {exc}")
                     try:

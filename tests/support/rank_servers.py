@@ -1,4 +1,4 @@
-"""The rank servers the suite's local jobs started (ggpo_batch/executor/rank_client.py), ended with it.
+"""The rank servers the suite's local jobs started (ggpo_batch/common/rank_client.py), ended with it.
 
 A server ends by itself after GGPO_RANK_SERVER_IDLE_SECONDS (600 s by default, and the workers the
 tests start drop the suite's GGPO_ variables); the suite does not leave its idle servers on the
@@ -11,7 +11,7 @@ import os
 import signal
 from pathlib import Path
 
-from ggpo_batch.executor import rank_client
+from ggpo_batch.common import rank_client
 
 
 def processes() -> list[tuple[int, int, bytes]]:

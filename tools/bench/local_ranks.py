@@ -27,7 +27,7 @@ import submitit
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from ggpo_batch.executor import rank_client  # noqa: E402
+from ggpo_batch.common import rank_client  # noqa: E402
 
 
 def machine_cpu_seconds() -> float:

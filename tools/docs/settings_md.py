@@ -70,8 +70,9 @@ ENVIRONMENT_ONLY = {
     "GGPO_IMAGE_DIGEST": "the digest of the image the allocation runs (e.g. `sha256:...`), set in the workers' "
                          "environment; recorded in each attempt's provenance",
     "GGPO_RANK_SERVER": "`off` starts each rank of a local job as its own interpreter, importing torch, DeepSpeed "
-                        "and the trainer itself (default: forked by the machine's rank server, which imported them "
-                        "once; ggpo_batch/executor/rank_client.py)",
+                        "and the trainer itself, and each rank of a local run (`ggpo-batch train`) from a fork server "
+                        "of the launching process's own (default: forked by the machine's rank server, which imported "
+                        "them once; ggpo_batch/common/rank_client.py)",
     "GGPO_RANK_SERVER_IDLE_SECONDS": "a rank server ends after this long without a live rank (default 600)",
     "GGPO_CANARY_FAULT": "tests only: a defect planted in a canary job's checks (`push_skips_layer`, "
                          "`reduction_differs`, `probe_over_ceiling`; ggpo_batch/train/run/canary.py), each making "
@@ -85,6 +86,8 @@ FOR_JOBS = {
     "GGPO_SIGNAL_DELAY_S": "the profile's signal delay (seconds)",
     "GGPO_LONE_RANK_PORT": "the rendezvous port a job alone in its process chose for itself (a later job in the "
                            "process, or a child, takes a fresh one instead of reusing it)",
+    "GGPO_RANK_SERVER_PRELOAD": "what the rank server forking a local run's rank imports besides torch, DeepSpeed "
+                                "and the trainer: `vllm` for a run with vLLM rollouts (ggpo_batch/common/rank_client.py)",
 }
 _NAME = re.compile(r"\"(GGPO_[A-Z0-9_]*[A-Z0-9])\"")
 

@@ -1,5 +1,5 @@
 """Local runs: `train_local` starts N CPU ranks (gloo), forked from a preloaded server
-(train/rankfork.py), and returns the record."""
+(train/run/rankfork.py), and returns the record."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ...contracts.runspec import RunSpec
 from ...errors import GgpoError
 from ..config import TrainConfig
 from .job import Preempted, TimeLimitReached, TrainingJob, run_with_budget
-from .rankfork import ForkServer, Rank
+from .rankfork import ForkServer, RankProcess
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def train_local(spec: RunSpec, output: Path, *, nproc: int = 2, budget_seconds: 
     return json.loads(output.read_text())
 
 
-def _stack_dumps(procs: list[tuple[Rank, Path]]) -> str:
+def _stack_dumps(procs: list[tuple[RankProcess, Path]]) -> str:
     """Each live rank's Python stacks (SIGQUIT, registered in `main`) and the end of its log: a hang
     (ranks waiting in different collectives) names where each rank waits."""
     for p, _ in procs:

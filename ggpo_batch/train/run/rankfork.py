@@ -1,21 +1,24 @@
 """Start local CPU ranks by forking them from a process that has imported torch, DeepSpeed,
 transformers and the trainer once.
 
-Those imports cost about 9 s of CPU per rank; a local run (`train_local`) used to pay them in every
+Those imports cost about 5-9 s of CPU per rank; a local run (`train_local`) used to pay them in every
 rank, and a process that starts several local runs (`ggpo-batch train`, the test suite) in every rank
-of every run. The fork server is a child of the launching process (`python -m
-ggpo_batch.train.run.rankfork`): it preloads, then reads one request per line (the rank's entry point
-and argv, environment, working directory, log file) and forks the rank, which runs `launch.main`
-(or, for tests, another entry point). It has no
-Python thread (OpenBLAS's idle pools are re-made in a child by their fork handlers), so a fork copies
-a consistent process; ranks are CPU-only (CUDA_VISIBLE_DEVICES=""), so no
-CUDA state crosses a fork. A rank's exit status is written by the server, which reaps it, to a
-status file beside its log.
+of every run. A rank is forked by the machine's rank server (executor/rank_server.py, one per user,
+import-time environment, preload and state of the code, shared by every process that starts ranks,
+the local executor's included), through the client that stands in for it (common/rank_client.py):
+`start_rank` returns that client's `subprocess.Popen`. A run with vLLM rollouts gets a server that
+has imported vLLM as well (about 2.2 CPU-seconds a rank otherwise).
 
-The server's imports fixed what the environment meant at import time: a request whose environment
-differs there (common/import_env.py) gets a server of its own, and so does a run with vLLM rollouts
-(one that has imported vLLM as well, about 2.2 CPU-seconds a rank otherwise). After its imports the
-server freezes its objects (`gc.freeze()`): its ranks' collections do not walk them.
+With the rank server switched off (`GGPO_RANK_SERVER=off`) a launching process forks its ranks from
+a fork server of its own instead: a child (`python -m ggpo_batch.train.run.rankfork`) that preloads,
+then reads one request per line (the rank's entry point and argv, environment, working directory,
+log file) and forks the rank, which runs `launch.main` (or, for tests, another entry point). It has
+no Python thread (OpenBLAS's idle pools are re-made in a child by their fork handlers), so a fork
+copies a consistent process; ranks are CPU-only (CUDA_VISIBLE_DEVICES=""), so no CUDA state crosses
+a fork. A rank's exit status is written by the server, which reaps it, to a status file beside its
+log. Its imports fixed what the environment meant at import time: a request whose environment differs
+there (common/import_env.py) gets a server of its own, and so does a run with vLLM rollouts. After
+its imports the server freezes its objects (`gc.freeze()`): its ranks' collections do not walk them.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ import time
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ...common import rank_client
 from ...common.import_env import import_time_env
 from ...common.reaping import reaped
 from ...errors import GgpoError
 
 # A rank of a local run (train/launch.py).
 LAUNCH = "ggpo_batch.train.run.launch:main"
+# What the machine's rank server runs (`python -m`): the rank's entry point, "module:function", then its argv.
+TARGET_MODULE = "ggpo_batch.train.run.rank_target"
 
 
 class Rank:
@@ -92,10 +98,13 @@ class ForkServer:
 
     @classmethod
     def start_rank(cls, argv: list[str], env: dict[str, str], log_path: Path, *, target: str = LAUNCH,
-                   cwd: Path | None = None, vllm: bool = False) -> Rank:
+                   cwd: Path | None = None, vllm: bool = False) -> RankProcess:
         """Fork one rank running `target` ("module:function", called with `argv`; it returns the exit
         code or None for 0) in `env` and `cwd`, its output in `log_path`; `vllm`: from a server that
-        has imported vLLM too (a run with vLLM rollouts)."""
+        has imported vLLM too (a run with vLLM rollouts). Forked by the machine's rank server unless
+        `env` switches it off."""
+        if rank_client.enabled(env):
+            return machine_rank(argv, env, log_path, target=target, cwd=cwd, vllm=vllm)
         status = log_path.with_name(log_path.name + ".status")
         status.unlink(missing_ok=True)
         request = json.dumps({"target": target, "argv": argv, "env": env, "cwd": str(cwd or os.getcwd()),
@@ -113,6 +122,30 @@ class ForkServer:
             raise GgpoError(f"the rank fork server did not start a rank (it exited {server.proc.poll()}; "
                             "its error is above)")
         return Rank(int(reply), status)
+
+
+def machine_rank(argv: list[str], env: dict[str, str], log_path: Path, *, target: str = LAUNCH,
+                 cwd: Path | None = None, vllm: bool = False) -> subprocess.Popen[bytes]:
+    """The rank `start_rank` describes, forked by the machine's rank server: the process returned is
+    the client standing in for it (signals relayed, the rank's exit code; killed, the rank with it).
+    Returns once the server serves (started and its imports done if it was not), so the rank starts
+    at once, as from this process's own fork server; where no server can be had, the client runs the
+    rank as its own interpreter."""
+    env = {k: v for k, v in env.items() if k != rank_client.PRELOAD}
+    if vllm:
+        env[rank_client.PRELOAD] = "vllm"
+    try:
+        rank_client.ensure_server(env)
+    except OSError:
+        pass  # the client says why, in the rank's log, and runs the rank itself
+    client = str(Path(rank_client.__file__).resolve())
+    with open(log_path, "wb") as log:
+        return subprocess.Popen([sys.executable, "-S", client, "-u", "-m", TARGET_MODULE, target, *argv], env=env,
+                                cwd=cwd or os.getcwd(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+
+# A started rank: the machine's rank server's client, or a rank of this process's own fork server.
+RankProcess = Rank | subprocess.Popen  # type: ignore[type-arg]
 
 
 def _run_rank(request: dict[str, Any]) -> None:

@@ -1,20 +1,26 @@
-"""A local job's rank, forked by a rank server that has imported torch, DeepSpeed and the trainer.
+"""A rank forked by the machine's rank server, which has imported torch, DeepSpeed and the trainer.
 
-submitit's local controller starts each rank as `<python> -u -m submitit.core._submit FOLDER`;
-the local executor makes `<python>` this script (`python -S rank_client.py`, standard library
-only: it starts in milliseconds). It asks the machine's rank server (executor/rank_server.py) to
-fork the rank with this process's arguments, environment, working directory and standard streams
-(passed as file descriptors), then stands in for it: the signals the controller sends (USR2 before
-the time limit, TERM, INT) are relayed to the rank, and it exits as the rank did (the same code, or
-killed by the same signal). If this process dies (SIGKILL), the server kills the rank. Those imports
-cost about 5 CPU-seconds a rank, paid here once per server instead of in every rank of every job.
+The local executor's ranks and a local run's (`train_local`) start as `<python> -S rank_client.py
+-u -m MODULE ARGS` (standard library only, no site: it starts in milliseconds): submitit's local
+controller runs its ranks' `<python> -u -m submitit.core._submit FOLDER` with this script as
+`<python>` (`command()`), and train/run/rankfork.py starts a local run's ranks through it. It asks
+the machine's rank server (executor/rank_server.py) to fork the rank with this process's arguments,
+environment, working directory and standard streams (passed as file descriptors), then stands in
+for it: the signals sent to it (USR2 before the time limit, TERM, INT, QUIT, ...) are relayed to the
+rank, and it exits as the rank did (the same code, or killed by the same signal). If this process
+dies (SIGKILL), the server kills the rank. Those imports cost about 5 CPU-seconds a rank, paid here
+once per server instead of in every rank of every job.
 
-One server per user, Python, import-time environment (common/import_env.py) and state of the code
-(the package's sources, the installed libraries): a server never serves code that changed after it
+One server per user, Python, import-time environment (common/import_env.py), preload (`PRELOAD`:
+`vllm` for ranks with vLLM rollouts, which then import vLLM too) and state of the code (the
+package's sources, the installed libraries): a server never serves code that changed after it
 imported it. It is started on first use, in a session of its own (no process group of the job's
 holds it), and ends after `GGPO_RANK_SERVER_IDLE_SECONDS` (default 600) without a live rank. Where
-no server can be had, the rank runs as submitit would have run it (exec), with one line saying why.
+no server can be had, the rank runs as its own interpreter (exec), with one line saying why.
 `GGPO_RANK_SERVER=off` runs every rank that way.
+
+Standard library only, and in `common` so that both the executor and the trainer's local runs start
+ranks through it.
 """
 
 from __future__ import annotations
@@ -38,6 +44,9 @@ PACKAGE = Path(__file__).resolve().parents[1]
 SERVER_MODULE = "ggpo_batch.executor.rank_server"
 SWITCH = "GGPO_RANK_SERVER"
 IDLE_SETTING = "GGPO_RANK_SERVER_IDLE_SECONDS"
+# What a server imports besides torch, DeepSpeed and the trainer: "vllm" (for ranks with vLLM
+# rollouts) or nothing. Part of the server's key; the server reads it from its environment.
+PRELOAD = "GGPO_RANK_SERVER_PRELOAD"
 DEFAULT_IDLE_SECONDS = 600.0
 # Waiting for a server to import (about 5 s alone, a minute on a loaded 2-core machine).
 START_TIMEOUT_S = 300.0
@@ -86,17 +95,29 @@ def code_stamp(package: Path = PACKAGE) -> list[int]:
             if name.endswith(".py"):
                 with contextlib.suppress(OSError):
                     newest = max(newest, os.stat(os.path.join(root, name)).st_mtime_ns)
-    libraries = sysconfig.get_paths()["purelib"]
     try:
-        installed = os.stat(libraries).st_mtime_ns
+        installed = os.stat(libraries_dir()).st_mtime_ns
     except OSError:
         installed = 0
     return [newest, installed]
 
 
+def libraries_dir() -> str:
+    """This Python's installed libraries (site-packages), the same with or without `-S`: without site,
+    a virtual environment's interpreter keeps the base Python's prefix (site.py sets the venv's), and
+    a launcher (site loaded) must compute the same key as its ranks' clients (`-S`)."""
+    if sys.flags.no_site:
+        venv = Path(sys.executable).parent.parent
+        if (venv / "pyvenv.cfg").is_file():
+            return sysconfig.get_paths(vars={"base": str(venv), "platbase": str(venv)})["purelib"]
+    return sysconfig.get_paths()["purelib"]
+
+
 def server_key(env: dict[str, str]) -> str:
     """Which server may fork a rank of this environment and this code."""
     wanted = {"python": sys.executable, "env": _import_env_module().import_time_env(env), "code": code_stamp()}
+    if env.get(PRELOAD):
+        wanted["preload"] = env[PRELOAD]
     return hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:20]
 
 
@@ -200,6 +221,13 @@ def connect_or_start(env: dict[str, str]) -> socket.socket:
                 break
             time.sleep(0.05)
     raise OSError(f"the rank server did not start (see {path.with_suffix('.log')})")
+
+
+def ensure_server(env: dict[str, str]) -> None:
+    """Start the server for `env` and this code unless it runs, and wait until it serves (its imports
+    done); raises OSError where none could be started. A launcher that times its ranks from their
+    start calls this first."""
+    connect_or_start(env).close()
 
 
 class Relay:

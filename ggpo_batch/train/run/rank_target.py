@@ -1,0 +1,25 @@
+"""`python -m ggpo_batch.train.run.rank_target MODULE:FUNCTION ARGS...`: call FUNCTION(ARGS) and exit
+with what it returns (None: 0).
+
+How a rank of a local run (`launch.main`) or another rank entry point (a bench's, a test's) runs
+when the machine's rank server forks it: the server runs `python -m` commands
+(train/run/rankfork.py, common/rank_client.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or ":" not in sys.argv[1]:
+        raise SystemExit("usage: python -m ggpo_batch.train.run.rank_target MODULE:FUNCTION [ARGS...]")
+    target, *argv = sys.argv[1:]
+    module, _, function = target.partition(":")
+    sys.argv = [module, *argv]
+    raise SystemExit(getattr(importlib.import_module(module), function)(argv) or 0)
+
+
+if __name__ == "__main__":
+    main()
