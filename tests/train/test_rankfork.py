@@ -17,6 +17,7 @@ pytest.importorskip("deepspeed")
 
 from ggpo_batch.common.rank_client import alive
 from ggpo_batch.train.run.rankfork import ForkServer
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.train
 
@@ -54,6 +55,8 @@ SERVERS = {"machine": "on", "own": "off"}
 def test_a_forked_rank_has_its_environment_folder_and_exit_code(tmp_path: Path, server: str):
     (tmp_path / "t").mkdir()
     env = dict(os.environ, GGPO_FORK_MARKER="m1", TMPDIR=str(tmp_path / "t"), GGPO_RANK_SERVER=SERVERS[server])
+    # its entry point is this module, found from the rank's folder as `python -m` would: on its path
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     ranks = [ForkServer.start_rank([str(code)], env, tmp_path / f"r{code}.log", target=f"{HERE}:report", cwd=tmp_path)
              for code in (0, 3)]
     assert [r.wait(timeout=60) for r in ranks] == [0, 3]  # both exit at once: neither status is lost
