@@ -1,5 +1,6 @@
-"""The local executor's rank server: imports torch, DeepSpeed and the trainer once, then forks each
-rank that common/rank_client.py asks for (why, and the server's life, are told there).
+"""The machine's rank server: imports torch, DeepSpeed and the trainer once (with
+GGPO_RANK_SERVER_PRELOAD=vllm, vLLM too), then forks each rank that common/rank_client.py asks for,
+for the local executor's jobs and for local runs (why, and the server's life, are told there).
 
 `python -m ggpo_batch.executor.rank_server SOCKET [IDLE_SECONDS]`. One thread, always: a fork
 copies a consistent process. The server never runs torch itself; ranks are CPU-only (the local
