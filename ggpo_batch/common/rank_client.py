@@ -68,11 +68,16 @@ def enabled(env: dict[str, str] | os._Environ[str] = os.environ) -> bool:
     return env.get(SWITCH, "on").strip().lower() not in ("0", "off", "no", "false")
 
 
+def client_argv() -> list[str]:
+    """This script, run without site (fast): what starts a rank in place of `python`."""
+    return [sys.executable, "-S", str(Path(__file__).resolve())]
+
+
 def command() -> str:
-    """What the local executor gives submitit as `python`: this script, run without site (fast)."""
+    """What the local executor gives submitit as `python` (`client_argv`, as one shell string)."""
     import shlex
 
-    return f"{shlex.quote(sys.executable)} -S {shlex.quote(str(Path(__file__).resolve()))}"
+    return " ".join(shlex.quote(part) for part in client_argv())
 
 
 def servers_dir() -> Path:

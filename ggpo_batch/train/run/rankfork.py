@@ -138,9 +138,8 @@ def machine_rank(argv: list[str], env: dict[str, str], log_path: Path, *, target
         rank_client.ensure_server(env)
     except OSError:
         pass  # the client says why, in the rank's log, and runs the rank itself
-    client = str(Path(rank_client.__file__).resolve())
     with open(log_path, "wb") as log:
-        return subprocess.Popen([sys.executable, "-S", client, "-u", "-m", TARGET_MODULE, target, *argv], env=env,
+        return subprocess.Popen([*rank_client.client_argv(), "-u", "-m", TARGET_MODULE, target, *argv], env=env,
                                 cwd=cwd or os.getcwd(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
 
