@@ -20,10 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.support.paths import REPO
+
 # What the suite's engines serve: the tiny pretrained checkpoints (Qwen2, tests/train/hf) and the
 # built-in policy saved for vLLM (GPT-2).
 ARCHITECTURES = ("Qwen2ForCausalLM", "GPT2LMHeadModel")
-REPO = Path(__file__).resolve().parents[2]
 _ready = False
 
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+
+from tests.support.paths import REPO
 
 pytest.importorskip("deepspeed")
 
 pytestmark = pytest.mark.train
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_rank_started_as_its_own_interpreter_reaches_its_zero_engine_without_torch_inductor():

@@ -2,10 +2,10 @@
 
 - Its autotuner imports mlflow if installed (1.5 s a rank); nothing here autotunes, so that import
   is made to fail at once while DeepSpeed loads. mlflow itself stays importable.
-- Its ZeRO-1/2 optimizer imports DeepSpeed's Muon optimizer in every gradient reduction
-  (`average_tensor`, to ask whether the optimizer is one), and that module wraps three functions in
-  `torch.compile` as it loads, which imports torch._inductor: about 1 CPU-second in every rank
-  (0.95 on a 2-core EPYC, `tools/bench/rank_time_imports.py`). The trainer's optimizer is AdamW
+- Its ZeRO engines import DeepSpeed's Muon optimizer (in `deepspeed.initialize`, and again in each
+  ZeRO-1/2 gradient reduction, `average_tensor`, to ask whether the optimizer is one), and that
+  module wraps three functions in `torch.compile` as it loads, which imports torch._inductor: about
+  1 CPU-second in every rank started as its own interpreter (`tools/bench/fresh_rank_imports.py`). The trainer's optimizer is AdamW
   (`policy/engine_config.py`; a spec cannot choose Muon), so the module is imported here first with
   DeepSpeed's compile decorator left out: the class it is asked about is the same, its Muon
   functions (never called here) stay uncompiled.

@@ -12,13 +12,18 @@ import importlib
 import sys
 
 
+def call(target: str, argv: list[str]) -> int:
+    """Run the rank entry point `target` ("module:function") with `argv` (also its sys.argv); its exit code."""
+    module, _, function = target.partition(":")
+    sys.argv = [module, *argv]
+    return getattr(importlib.import_module(module), function)(argv) or 0
+
+
 def main() -> None:
     if len(sys.argv) < 2 or ":" not in sys.argv[1]:
         raise SystemExit("usage: python -m ggpo_batch.train.run.rank_target MODULE:FUNCTION [ARGS...]")
     target, *argv = sys.argv[1:]
-    module, _, function = target.partition(":")
-    sys.argv = [module, *argv]
-    raise SystemExit(getattr(importlib.import_module(module), function)(argv) or 0)
+    raise SystemExit(call(target, argv))
 
 
 if __name__ == "__main__":

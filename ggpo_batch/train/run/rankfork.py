@@ -23,7 +23,6 @@ its imports the server freezes its objects (`gc.freeze()`): its ranks' collectio
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import signal
@@ -39,6 +38,7 @@ from ...common import rank_client
 from ...common.import_env import import_time_env
 from ...common.reaping import reaped
 from ...errors import GgpoError
+from .rank_target import call
 
 # A rank of a local run (train/launch.py).
 LAUNCH = "ggpo_batch.train.run.launch:main"
@@ -167,9 +167,7 @@ def _run_rank(request: dict[str, Any]) -> None:
         import torch
 
         torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-        module, _, function = request["target"].partition(":")
-        sys.argv = [module, *request["argv"]]
-        code = getattr(importlib.import_module(module), function)(request["argv"]) or 0
+        code = call(request["target"], request["argv"])
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # noqa: BLE001  (the rank's log gets the traceback; the launcher the code)
