@@ -53,6 +53,29 @@ def test_detached_work(tmp_path):
 '''
 
 
+# A test that leaves a finished child unreaped (as a vLLM engine's process can be until the next
+# multiprocessing start) and the next test, which reaps it: the CPU the child used before that test
+# began is not the next test's (without that, test_reaps would be charged 1.5 CPU-s and fail).
+REAPED_LATER = '''
+import subprocess, sys, time
+from pathlib import Path
+
+BURN = "import time, sys; end = time.process_time() + 1.5\\nwhile time.process_time() < end: pass\\nopen(sys.argv[1], 'w').close()"
+LEFT = []
+
+def test_leaves_a_finished_child(tmp_path):
+    LEFT.append(subprocess.Popen([sys.executable, "-c", BURN, str(tmp_path / "done")]))
+    deadline = time.monotonic() + 60
+    stat = Path(f"/proc/{LEFT[0].pid}/stat")
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "Z":  # finished, not reaped (poll would reap it)
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+def test_reaps_it():
+    assert LEFT[0].wait() == 0
+'''
+
+
 def _run(tmp_path: Path, *, cpu_budget_s: float, args: tuple[str, ...] = (), machine_budget_s: float = 0,
          planted: str = PLANTED) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_planted.py").write_text(planted)
@@ -94,6 +117,16 @@ def test_budget_holds_under_xdist(tmp_path: Path) -> None:
     proc = _run(tmp_path, cpu_budget_s=0.5, args=("-k", "not unmarked", "-n", "2"))
     out = proc.stdout + proc.stderr
     assert "2 passed" in out and proc.returncode == 1 and "OVER cpu_budget_seconds" in out, out
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="children are read from /proc")
+def test_a_child_reaped_by_a_later_test_is_not_charged_to_it(tmp_path: Path) -> None:
+    proc = _run(tmp_path, cpu_budget_s=1000, planted=REAPED_LATER)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "2 passed" in out, out
+    most = out.split("the ten that used the most CPU:\n", 1)[1].splitlines()[:2]
+    charged = {line.rsplit("::", 1)[1]: float(line.split()[0]) for line in most}
+    assert charged["test_reaps_it"] < 0.4 and charged["test_leaves_a_finished_child"] < 0.4, out
 
 
 @pytest.mark.skipif(not Path("/proc/stat").exists(), reason="the machine's CPU time is read from /proc/stat")

@@ -7,6 +7,11 @@
   that used the most CPU, and the run fails when the total CPU time is over `cpu_budget_seconds`
   (setup.cfg), the one place the limit is written. Under pytest-xdist each worker measures its own
   tests and sends the figures to the controller with the test's report.
+- A child is counted by the test that waits for it, whoever started it: Python reaps a finished
+  subprocess it no longer holds at its next Popen, multiprocessing a finished Process at its next
+  start, so a test can reap another's vLLM engine. What a child had used before the test began is
+  taken out (its CPU from /proc at the test's start): a 1-second test was once charged 62 CPU-s
+  of an earlier test's engine and failed the slow rule (full run 29).
 - That figure misses what no test waits for: Slurm jobs (slurmd's children), local jobs left
   orphans in groups of their own, daemons (about 60 % of the machine's CPU in a full run,
   docs/figures.md). So the controller also reads the machine's CPU time (`/proc/stat`: user + nice +
@@ -32,12 +37,46 @@ _WALL = "budget_wall_s"
 _REASON = "budget_slow_reason"
 _SETUP_S = pytest.StashKey[float]()
 _CPU0 = pytest.StashKey[float]()
+_KIDS0 = pytest.StashKey[dict[int, float]]()
 _BUDGET = pytest.StashKey["Budget"]()
 
 
 def _cpu_now() -> float:
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def _children_cpu() -> dict[int, float]:
+    """This process's children (zombies too: not yet reaped) and the CPU each has used so far, its
+    own and its reaped children's, as RUSAGE_CHILDREN will count it once this process reaps it.
+    Empty where /proc has no children lists."""
+    kids: dict[int, float] = {}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return kids
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in tasks:
+        try:
+            pids = Path(f"/proc/self/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2:].split()  # fields 3...: utime, stime, cutime, cstime are 14-17
+            kids[int(pid)] = sum(int(v) for v in fields[11:15]) / tick
+    return kids
+
+
+def _test_cpu(item: pytest.Item) -> float:
+    """The CPU this process and the children it reaped used since the test began, less what those
+    children had used before it (an earlier test's, reaped during this one)."""
+    before = item.stash.get(_KIDS0, {})
+    gone = before.keys() - _children_cpu().keys()
+    return _cpu_now() - item.stash.get(_CPU0, _cpu_now()) - sum(before[pid] for pid in gone)
 
 
 def machine_cpu_seconds(stat: Path = PROC_STAT) -> float | None:
@@ -91,6 +130,7 @@ class Budget:
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+        item.stash[_KIDS0] = _children_cpu()
         item.stash[_CPU0] = _cpu_now()
         return (yield)
 
@@ -104,7 +144,7 @@ class Budget:
             # The rule counts the test's own CPU seconds (setup + call, its children included), not its
             # wall time: with more xdist workers than cores, or a busy host, wall time stretches by
             # the load and a wall rule fails tests by chance; CPU time is what the suite's budget spends.
-            cpu = _cpu_now() - item.stash.get(_CPU0, _cpu_now())
+            cpu = _test_cpu(item)
             marker = item.get_closest_marker("slow_reason")
             reason = str(marker.args[0]) if marker and marker.args else ""
             # failed under --cpu-budget (make test); a targeted run only lists it in the summary
@@ -115,7 +155,7 @@ class Budget:
             report.user_properties.append((_WALL, wall))
             report.user_properties.append((_REASON, reason))
         elif report.when == "teardown":
-            report.user_properties.append((_CPU, _cpu_now() - item.stash.get(_CPU0, _cpu_now())))
+            report.user_properties.append((_CPU, _test_cpu(item)))
         return report
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
