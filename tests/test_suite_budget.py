@@ -3,6 +3,7 @@ their own, with limits small enough to cross in a second."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -97,6 +98,17 @@ def test_slow_test_without_reason_fails_and_with_one_passes(tmp_path: Path) -> N
     assert "planted: a reason makes it allowed" in out and "within cpu_budget_seconds" in out, out
     most = out.split("the ten that used the most CPU:\n", 1)[1].splitlines()[:2]
     assert {line.rsplit("::", 1)[1] for line in most} == {"test_slow_unmarked", "test_slow_with_reason"}, out
+
+
+def test_every_tests_figures_are_written_where_asked(tmp_path: Path) -> None:
+    proc = _run(tmp_path, cpu_budget_s=1000, args=("-k", "not unmarked", "--budget-json", str(tmp_path / "b.json")))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads((tmp_path / "b.json").read_text())
+    rows = {r["test"].rsplit("::", 1)[1]: r for r in figures["tests"]}
+    assert set(rows) == {"test_quick", "test_slow_with_reason"}
+    assert rows["test_slow_with_reason"]["cpu_s"] >= 0.6 > rows["test_quick"]["cpu_s"]
+    assert rows["test_slow_with_reason"]["slow_reason"] == "planted: a reason makes it allowed"
+    assert figures["total_cpu_s"] == pytest.approx(sum(r["cpu_s"] for r in figures["tests"]), abs=0.1)
 
 
 def test_suite_over_its_cpu_budget_fails(tmp_path: Path) -> None:

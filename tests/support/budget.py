@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 from pathlib import Path
@@ -97,6 +98,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   default="0")
     parser.addini(MACHINE_BUDGET_INI, "the machine's CPU-time limit in seconds over the whole run, every process "
                   "counted (checked with --cpu-budget)", default="0")
+    parser.addoption("--budget-json", metavar="PATH", default=None,
+                     help="write every test's CPU seconds, wall seconds and slow reason to PATH (JSON), "
+                          "to see where the budget goes beyond the ten printed")
     parser.addoption("--cpu-budget", action="store_true",
                      help="print the ten slowest tests and fail when the total CPU time is over cpu_budget_seconds, "
                           "or the machine's over machine_cpu_budget_seconds")
@@ -208,6 +212,13 @@ class Budget:
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        if hasattr(self.config, "workerinput"):
+            return
+        path = self.config.getoption("budget_json")
+        if path:
+            rows = [{"test": nodeid, "cpu_s": round(cpu, 2), "wall_s": round(wall, 2), "slow_reason": reason}
+                    for nodeid, (cpu, wall, reason) in sorted(self.tests.items(), key=lambda kv: -kv[1][0])]
+            Path(path).write_text(json.dumps({"tests": rows, "total_cpu_s": round(self.total_cpu_s, 1)}, indent=1))
         if not self.checks():
             return
         now = machine_cpu_seconds()
