@@ -131,6 +131,14 @@ def pytest_configure(config: pytest.Config) -> None:
     # side by side ran the machine out of memory (the kernel killed the xdist worker of the canary's
     # vLLM test, the one vLLM test that did not set it). A test that wants another size sets its own.
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    # What vLLM writes into its importer's environment (`import vllm`: env_override.py; an engine on
+    # the CPU: platforms/cpu.py), set from the start: otherwise an xdist worker's environment, and so
+    # the environment its local runs give their ranks, depended on whether an earlier test on it had
+    # made an engine, and the machine's rank servers, keyed by the variables torch reads at import,
+    # started again for the same ranks (full run 30: servers for one code and preload differed in
+    # these alone).
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    os.environ.setdefault("TORCHINDUCTOR_CPP_DYNAMIC_THREADS", "1")
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
