@@ -29,15 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from control_plane import backend_url  # the same databases as the other benchmarks
 from costs import fill  # the same 100k-run ledger as `costs`
 
+from ggpo_batch.common.netutil import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get(url: str) -> float:
@@ -51,7 +45,7 @@ def _get(url: str) -> float:
 
 def over_http(env: dict[str, str], repeat: int) -> dict[str, float]:
     """Median seconds of GET /metrics and GET /api/status on a real dashboard, taken in turn."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "ggpo_batch.cli", "dashboard", "--port", str(port)], env=env,
                             cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
