@@ -77,7 +77,8 @@ def _test_cpu(item: pytest.Item) -> float:
     children had used before it (an earlier test's, reaped during this one)."""
     before = item.stash.get(_KIDS0, {})
     gone = before.keys() - _children_cpu().keys()
-    return _cpu_now() - item.stash.get(_CPU0, _cpu_now()) - sum(before[pid] for pid in gone)
+    # never below 0: a child reaped by the kernel (SIGCHLD ignored) was never added
+    return max(0.0, _cpu_now() - item.stash.get(_CPU0, _cpu_now()) - sum(before[pid] for pid in gone))
 
 
 def machine_cpu_seconds(stat: Path = PROC_STAT) -> float | None:
