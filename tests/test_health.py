@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.dashboard.server import Dashboard, cli_env, free_port, get, ggpo
+from ggpo_batch.common.netutil import free_port
+from tests.dashboard.server import Dashboard, cli_env, get, ggpo
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 

@@ -243,11 +243,11 @@ def _powered(env: dict[str, str]) -> None:
 def _notifications(env: dict[str, str], monkeypatch: pytest.MonkeyPatch, add: Any) -> None:
     """The outbox after one delivery pass to a webhook that refuses connections, as `notifications`
     shows it, and each notification as a webhook would get it."""
+    from ggpo_batch.common.netutil import free_port
     from ggpo_batch.config.settings import load_settings
     from ggpo_batch.ledger import connect
     from ggpo_batch.notify.delivery import deliver_due
     from ggpo_batch.notify.senders import payload
-    from tests.support.receivers import free_port
 
     monkeypatch.setenv("GGPO_NOTIFY_WEBHOOK_URLS", f"http://127.0.0.1:{free_port()}/hook")
     monkeypatch.setenv("GGPO_NOTIFY_TIMEOUT_SECONDS", "0.5")

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.dashboard.server import free_port, get
+from ggpo_batch.common.netutil import free_port
+from tests.dashboard.server import get
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 

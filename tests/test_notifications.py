@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from sqlalchemy import text
 
 from ggpo_batch.cli import cli
+from ggpo_batch.common.netutil import free_port
 from ggpo_batch.config.settings import load_settings
 from ggpo_batch.contracts import notices as kinds
 from ggpo_batch.control.reconcile import reconcile_now
@@ -31,7 +32,6 @@ from tests.support.receivers import (
     HttpReceiver,
     Received,
     SmtpReceiver,
-    free_port,
     stopping,
 )
 from tests.support.waiting import wait_until

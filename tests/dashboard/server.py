@@ -14,10 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# A port below the kernel's ephemeral range: one the kernel chose (bind to port 0) was given to an
-# outgoing connection between the test's choice and its server's bind (full run 31: EADDRINUSE for
-# the notification test's SMTP receiver). Re-exported for the tests that take it from here.
-from ggpo_batch.common.netutil import free_port  # noqa: F401
+from ggpo_batch.common.netutil import free_port
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 

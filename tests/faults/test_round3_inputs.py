@@ -15,10 +15,10 @@ import pytest
 from click.testing import CliRunner
 
 from ggpo_batch.cli import cli
+from ggpo_batch.common.netutil import free_port
 from ggpo_batch.config.notify_targets import NotifyTargets
 from ggpo_batch.notify.delivery import deliver_due
 from ggpo_batch.notify.senders import SendFailed, send
-from tests.support.receivers import free_port
 from tests.test_notifications import _experiment, _ran, _settings
 
 BAD_URLS = ["http://[::1", "file:///etc/passwd", "gopher://h/x", "ftp://h/x", "dict://h:11111/x",
@@ -205,7 +205,6 @@ def test_strings_read_from_a_ledger_are_printed_escaped(ledger, env: dict[str, s
     """A ledger from elsewhere: a run's reason, an actor, a decision's reason holding escape codes and a
     line break reach no terminal raw, whichever command prints them (rich tables and plain lines)."""
     from ggpo_batch.contracts.states import KIND_NOT_REPRODUCED
-
     from tests.test_notifications import _runs
 
     [run] = _runs("forged", range(1, 2))
