@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -38,7 +39,7 @@ _WALL = "budget_wall_s"
 _REASON = "budget_slow_reason"
 _SETUP_S = pytest.StashKey[float]()
 _CPU0 = pytest.StashKey[float]()
-_KIDS0 = pytest.StashKey[dict[int, float]]()
+_KIDS0 = pytest.StashKey[dict[str, float]]()
 _BUDGET = pytest.StashKey["Budget"]()
 
 
@@ -47,28 +48,30 @@ def _cpu_now() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def _children_cpu() -> dict[int, float]:
-    """This process's children (zombies too: not yet reaped) and the CPU each has used so far, its
-    own and its reaped children's, as RUSAGE_CHILDREN will count it once this process reaps it.
-    Empty where /proc has no children lists."""
-    kids: dict[int, float] = {}
+def _children() -> list[str]:
+    """The pids of this process's children, zombies too (not yet reaped); none where /proc has no
+    children lists."""
     try:
         tasks = os.listdir("/proc/self/task")
     except OSError:
-        return kids
-    tick = os.sysconf("SC_CLK_TCK")
+        return []
+    pids: list[str] = []
     for tid in tasks:
-        try:
-            pids = Path(f"/proc/self/task/{tid}/children").read_text().split()
-        except OSError:
-            continue
-        for pid in pids:
-            try:
-                stat = Path(f"/proc/{pid}/stat").read_text()
-            except OSError:
-                continue
+        with contextlib.suppress(OSError):
+            pids += Path(f"/proc/self/task/{tid}/children").read_text().split()
+    return pids
+
+
+def _children_cpu() -> dict[str, float]:
+    """This process's children and the CPU each has used so far, its own and its reaped children's,
+    as RUSAGE_CHILDREN will count it once this process reaps it."""
+    kids: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in _children():
+        with contextlib.suppress(OSError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
             fields = stat[stat.rfind(")") + 2:].split()  # fields 3...: utime, stime, cutime, cstime are 14-17
-            kids[int(pid)] = sum(int(v) for v in fields[11:15]) / tick
+            kids[pid] = sum(int(v) for v in fields[11:15]) / tick
     return kids
 
 
@@ -76,7 +79,7 @@ def _test_cpu(item: pytest.Item) -> float:
     """The CPU this process and the children it reaped used since the test began, less what those
     children had used before it (an earlier test's, reaped during this one)."""
     before = item.stash.get(_KIDS0, {})
-    gone = before.keys() - _children_cpu().keys()
+    gone = before.keys() - set(_children())
     # never below 0: a child reaped by the kernel (SIGCHLD ignored) was never added
     return max(0.0, _cpu_now() - item.stash.get(_CPU0, _cpu_now()) - sum(before[pid] for pid in gone))
 

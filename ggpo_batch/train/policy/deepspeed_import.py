@@ -5,10 +5,10 @@
 - Its ZeRO engines import DeepSpeed's Muon optimizer (in `deepspeed.initialize`, and again in each
   ZeRO-1/2 gradient reduction, `average_tensor`, to ask whether the optimizer is one), and that
   module wraps three functions in `torch.compile` as it loads, which imports torch._inductor: about
-  1 CPU-second in every rank started as its own interpreter (`tools/bench/fresh_rank_imports.py`). The trainer's optimizer is AdamW
-  (`policy/engine_config.py`; a spec cannot choose Muon), so the module is imported here first with
-  DeepSpeed's compile decorator left out: the class it is asked about is the same, its Muon
-  functions (never called here) stay uncompiled.
+  1 CPU-second in every rank started as its own interpreter (`tools/bench/fresh_rank_imports.py`).
+  The trainer's optimizer is AdamW (`policy/engine_config.py`; a spec cannot choose Muon), so the
+  module is imported here first with DeepSpeed's compile decorator left out: the class it is asked
+  about is the same, its Muon functions (never called here) stay uncompiled.
 - On CPU, the first process group DeepSpeed makes (ours in job.init_process_group, or the one
   `deepspeed.initialize` makes when torch's was made first) JIT-builds its shared-memory all-reduce
   op under a lock file in ~/.cache/torch_extensions: two minutes of compiling on a 2-core machine,
